@@ -1,0 +1,307 @@
+"""The remoting frame: one request or response, and its incremental decoder.
+
+    +----------------+-------------+--------------+--------------+--------------+
+    | total_len: u32 | ser_type:u8 | hdr_len: u24 | header bytes | body bytes   |
+    +----------------+-------------+--------------+--------------+--------------+
+      total_len = 4 + hdr_len + body_len (it does not count its own four bytes)
+
+The header is JSON (ser_type 0) or RocketMQ's binary layout (ser_type 1):
+
+    JSON:   {"code":10,"extFields":{"topic":"T",...},"flag":0,"language":"JAVA",
+             "opaque":5,"remark":null,"serializeTypeCurrentRPC":"JSON","version":407}
+
+    binary: code:i16 | language:u8 | version:i16 | opaque:i32 | flag:i32
+            | remark_len:i32 | remark | ext_len:i32 | (key_len:i16 key val_len:i32 val)*
+
+A response is sent in the serialisation type of its request: the C++ and Node clients read the
+second int unmasked, so they must only ever see JSON (ser_type 0).
+
+extFields values arrive as JSON strings, numbers or booleans depending on the client; the decoder
+turns every scalar into its text form ("4", "true") so the typed headers parse one representation.
+Outbound values are always strings, because the C++ client ignores fields that are not.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, Final
+
+import orjson
+
+from tidemq.errors import ProtocolError
+from tidemq.limits import FRAME_HEADER_SIZE_MAX, FRAME_SIZE_MAX
+from tidemq.protocol.codes import VERSION_CURRENT, LanguageCode
+
+FLAG_RESPONSE: Final = 0x1
+FLAG_ONEWAY: Final = 0x2
+
+_LENGTHS = struct.Struct(">II")  # total_len, (ser_type << 24) | hdr_len
+assert _LENGTHS.size == 8
+_BINARY_FIXED = struct.Struct(">hBhiii")  # code, language, version, opaque, flag, remark_len
+assert _BINARY_FIXED.size == 17
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_HEADER_LEN_MASK: Final = 0xFFFFFF
+
+
+class SerializeType(IntEnum):
+    JSON = 0
+    ROCKETMQ = 1
+
+
+@dataclass(slots=True)
+class RemotingCommand:
+    """One frame. `ext_fields` holds the custom header as strings; `body` is opaque bytes."""
+
+    code: int
+    opaque: int = 0
+    flag: int = 0
+    ext_fields: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    remark: str | None = None
+    language: str = "PYTHON"
+    version: int = VERSION_CURRENT
+    serialize_type: SerializeType = SerializeType.JSON
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & FLAG_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & FLAG_ONEWAY)
+
+    def response(
+        self,
+        code: int,
+        ext_fields: dict[str, str] | None = None,
+        body: bytes = b"",
+        remark: str | None = None,
+    ) -> RemotingCommand:
+        """A response to this request: same opaque and serialisation type, response bit set."""
+        return RemotingCommand(
+            code=code,
+            opaque=self.opaque,
+            flag=FLAG_RESPONSE,
+            ext_fields=ext_fields if ext_fields is not None else {},
+            body=body,
+            remark=remark,
+            language="JAVA",
+            serialize_type=self.serialize_type,
+        )
+
+
+def encode(command: RemotingCommand) -> bytes:
+    """The whole frame as one bytes object."""
+    head, body = encode_parts(command)
+    return head + body if body else head
+
+
+def encode_parts(command: RemotingCommand) -> tuple[bytes, bytes]:
+    """(length prefix + header, body): lets the transport write a large body without a copy."""
+    if command.serialize_type is SerializeType.ROCKETMQ:
+        header = _encode_binary_header(command)
+    else:
+        header = _encode_json_header(command)
+    header_len = len(header)
+    if header_len > FRAME_HEADER_SIZE_MAX:
+        raise ProtocolError(f"header of {header_len} bytes exceeds {FRAME_HEADER_SIZE_MAX}")
+    total = 4 + header_len + len(command.body)
+    lengths = _LENGTHS.pack(total, (int(command.serialize_type) << 24) | header_len)
+    return lengths + header, command.body
+
+
+def _encode_json_header(command: RemotingCommand) -> bytes:
+    header: dict[str, Any] = {
+        "code": command.code,
+        "extFields": command.ext_fields,
+        "flag": command.flag,
+        "language": command.language,
+        "opaque": command.opaque,
+        "serializeTypeCurrentRPC": "JSON",
+        "version": command.version,
+    }
+    if command.remark is not None:
+        header["remark"] = command.remark
+    return orjson.dumps(header)
+
+
+def _encode_binary_header(command: RemotingCommand) -> bytes:
+    remark = command.remark.encode() if command.remark else b""
+    try:
+        language = LanguageCode[command.language].value
+    except KeyError:
+        language = LanguageCode.OTHER.value
+    parts = [
+        _BINARY_FIXED.pack(
+            command.code, language, command.version, command.opaque, command.flag, len(remark)
+        ),
+        remark,
+    ]
+    fields = bytearray()
+    for key, value in command.ext_fields.items():
+        key_bytes, value_bytes = key.encode(), value.encode()
+        fields += _I16.pack(len(key_bytes)) + key_bytes + _I32.pack(len(value_bytes)) + value_bytes
+    parts.append(_I32.pack(len(fields)))
+    parts.append(bytes(fields))
+    return b"".join(parts)
+
+
+def _field_text(value: Any) -> str | None:
+    """The text form of one inbound extFields value (None: drop the field, as Java does)."""
+    if value is None:
+        return None
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return str(value)
+    return orjson.dumps(value).decode()
+
+
+def _decode_json_header(data: bytes) -> RemotingCommand:
+    try:
+        header = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header is not a JSON object")
+    try:
+        code = int(header["code"])
+        opaque = int(header.get("opaque", 0))
+        flag = int(header.get("flag", 0))
+        version = int(header.get("version", 0))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"header lacks a valid code/opaque/flag/version: {exc!r}") from None
+    raw_fields = header.get("extFields") or {}
+    if not isinstance(raw_fields, dict):
+        raise ProtocolError("extFields is not a JSON object")
+    ext_fields: dict[str, str] = {}
+    for key, value in raw_fields.items():
+        text = _field_text(value)
+        if text is not None:
+            ext_fields[key] = text
+    remark = header.get("remark")
+    language = header.get("language", "OTHER")
+    return RemotingCommand(
+        code=code,
+        opaque=opaque,
+        flag=flag,
+        ext_fields=ext_fields,
+        remark=remark if isinstance(remark, str) else None,
+        language=language if isinstance(language, str) else "OTHER",
+        version=version,
+        serialize_type=SerializeType.JSON,
+    )
+
+
+def _decode_binary_header(data: bytes) -> RemotingCommand:
+    try:
+        code, language, version, opaque, flag, remark_len = _BINARY_FIXED.unpack_from(data, 0)
+        position = _BINARY_FIXED.size
+        if remark_len < 0 or position + remark_len > len(data):
+            raise ProtocolError("binary header: remark length out of range")
+        remark = data[position : position + remark_len].decode() if remark_len else None
+        position += remark_len
+        (fields_len,) = _I32.unpack_from(data, position)
+        position += 4
+        end = position + fields_len
+        if fields_len < 0 or end > len(data):
+            raise ProtocolError("binary header: extFields length out of range")
+        ext_fields: dict[str, str] = {}
+        while position < end:
+            (key_len,) = _I16.unpack_from(data, position)
+            position += 2
+            key = data[position : position + key_len].decode()
+            position += key_len
+            (value_len,) = _I32.unpack_from(data, position)
+            position += 4
+            if key_len < 0 or value_len < 0 or position + value_len > end:
+                raise ProtocolError("binary header: field length out of range")
+            value = data[position : position + value_len].decode()
+            position += value_len
+            if key and value:
+                ext_fields[key] = value
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"binary header: {exc}") from None
+    try:
+        language_name = LanguageCode(language).name
+    except ValueError:
+        language_name = "OTHER"
+    return RemotingCommand(
+        code=code,
+        opaque=opaque,
+        flag=flag,
+        ext_fields=ext_fields,
+        remark=remark,
+        language=language_name,
+        version=version,
+        serialize_type=SerializeType.ROCKETMQ,
+    )
+
+
+def decode_frame(frame: bytes) -> RemotingCommand:
+    """Decode one frame given without its length prefix (ser/len int, header, body)."""
+    if len(frame) < 4:
+        raise ProtocolError(f"frame of {len(frame)} bytes is shorter than its header length")
+    (type_and_length,) = _I32.unpack_from(frame, 0)
+    type_and_length &= 0xFFFFFFFF
+    serialize_type = type_and_length >> 24
+    header_len = type_and_length & _HEADER_LEN_MASK
+    if header_len > len(frame) - 4:
+        raise ProtocolError(f"header length {header_len} exceeds frame length {len(frame)}")
+    if header_len > FRAME_HEADER_SIZE_MAX:
+        raise ProtocolError(f"header length {header_len} exceeds {FRAME_HEADER_SIZE_MAX}")
+    header = bytes(frame[4 : 4 + header_len])
+    if serialize_type == SerializeType.JSON:
+        command = _decode_json_header(header)
+    elif serialize_type == SerializeType.ROCKETMQ:
+        command = _decode_binary_header(header)
+    else:
+        raise ProtocolError(f"unknown serialisation type {serialize_type}")
+    command.body = bytes(frame[4 + header_len :])
+    return command
+
+
+class FrameDecoder:
+    """Incremental decoder: `feed(data)` returns the frames completed so far and keeps the rest.
+
+    Raises ProtocolError for a length below the minimum or above `frame_size_max`; after an error
+    the decoder's state is undefined and the connection must be closed.
+    """
+
+    __slots__ = ("_buffer", "_frame_size_max")
+
+    def __init__(self, frame_size_max: int = FRAME_SIZE_MAX) -> None:
+        self._buffer = bytearray()
+        self._frame_size_max = frame_size_max
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[RemotingCommand]:
+        buffer = self._buffer
+        buffer += data
+        commands: list[RemotingCommand] = []
+        position = 0
+        available = len(buffer)
+        while available - position >= 4:
+            (total,) = struct.unpack_from(">I", buffer, position)
+            if total < 4:
+                raise ProtocolError(f"frame length {total} is below the minimum of 4")
+            if total > self._frame_size_max:
+                raise ProtocolError(f"frame length {total} exceeds the limit {self._frame_size_max}")
+            end = position + 4 + total
+            if end > available:
+                break
+            commands.append(decode_frame(bytes(buffer[position + 4 : end])))
+            position = end
+        if position:
+            del buffer[:position]
+        return commands
