@@ -1,0 +1,57 @@
+# The two commands a newcomer needs: `make run` and `make test`. Everything installs from this
+# repository's own files into .venv; nothing is assumed to be on the machine but python3 (and, for
+# the ali-ons compatibility tests, node and npm, which `make test` checks for).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RUN_STAMP := $(VENV)/.run-installed
+TEST_STAMP := $(VENV)/.test-installed
+JS_DIR := tests/compat/js
+JS_STAMP := $(JS_DIR)/node_modules/.installed
+
+.PHONY: run test check lint typecheck unit bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@ $(RUN_STAMP)
+
+$(JS_STAMP): $(JS_DIR)/package.json $(JS_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm is needed for the ali-ons tests: apt-get install -y nodejs npm"; exit 1; }
+	cd $(JS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+## run: create .venv, install TideMQ, start the name server and a broker in one process (./data)
+run: $(RUN_STAMP)
+	$(VENV)/bin/tidemq dev --data-dir ./data
+
+## test: install what the tests need, then lint, type-check, check import rules and run every test
+test: $(TEST_STAMP) $(JS_STAMP) check
+	$(PY) -m pytest -q -p no:cacheprovider
+
+check: lint typecheck
+	$(VENV)/bin/lint-imports --no-cache
+
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+typecheck: $(TEST_STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(TEST_STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not compat and not integration"
+
+bench: $(RUN_STAMP)
+	$(PY) benchmarks/bench_produce_consume.py
+
+clean:
+	rm -rf $(VENV) $(JS_DIR)/node_modules .mypy_cache .ruff_cache
