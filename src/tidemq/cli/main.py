@@ -1,0 +1,53 @@
+"""`tidemq` entry point: parses the command line and hands off to one verb module.
+
+    tidemq namesrv | broker | dev                  server processes (cli/servers.py)
+    tidemq topic | cluster | send | consume | message | group    admin verbs (cli/admin.py)
+    tidemq store verify|dump DIR                   offline store tools (cli/store.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from tidemq import __version__
+from tidemq.cli import admin, servers, store
+
+NAMESRV_ADDR_DEFAULT = "127.0.0.1:9876"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tidemq", description="TideMQ: a RocketMQ-compatible message queue."
+    )
+    parser.add_argument("--version", action="version", version=f"tidemq {__version__}")
+    parser.add_argument(
+        "--log-level", default=os.environ.get("TIDEMQ_LOG_LEVEL", "INFO"), help="logging level"
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    servers.add_parsers(verbs)
+    admin.add_parsers(verbs, namesrv_default=os.environ.get("TIDEMQ_NAMESRV_ADDR", NAMESRV_ADDR_DEFAULT))
+    store.add_parsers(verbs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)-5s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        result: int = args.run(args)
+    except KeyboardInterrupt:
+        return 130
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Offline store tools: `tidemq store verify DIR` and `tidemq store dump DIR`.
+
+They read the same record code as the broker (protocol/record.py through store/tools.py) and never
+write, so they are safe on a live or a crashed store directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from tidemq.store import tools
+
+
+def add_parsers(verbs: Any) -> None:
+    store = verbs.add_parser("store", help="inspect a broker's store directory (read-only)")
+    actions = store.add_subparsers(dest="action", required=True)
+    verify = actions.add_parser("verify", help="check every record's layout and CRC")
+    verify.add_argument("dir", type=Path)
+    verify.set_defaults(run=run_verify)
+    dump = actions.add_parser("dump", help="print the records of the commit log")
+    dump.add_argument("dir", type=Path)
+    dump.add_argument("--limit", type=int, default=None, help="at most this many records")
+    dump.set_defaults(run=run_dump)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    report = tools.verify(args.dir)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def run_dump(args: argparse.Namespace) -> int:
+    tools.dump(args.dir, sys.stdout, limit=args.limit)
+    return 0
