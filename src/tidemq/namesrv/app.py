@@ -1,0 +1,71 @@
+"""NamesrvApp: the name server's composition root.
+
+Builds the route table, the KV store, the handlers, the remoting server and the housekeeping
+service, starts them in that order and stops them in reverse. `tidemq namesrv` runs one in its own
+process; `tidemq dev` runs one beside a broker on the same loop.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tidemq.clock import Clock
+from tidemq.namesrv.config import NamesrvConfig
+from tidemq.namesrv.handlers import NamesrvHandlers
+from tidemq.namesrv.housekeeping import BrokerHousekeeping
+from tidemq.namesrv.kv import KVStore
+from tidemq.namesrv.route_table import RouteTable
+from tidemq.remoting import Connection, RemotingServer
+
+logger = logging.getLogger(__name__)
+
+
+class NamesrvApp:
+    def __init__(self, config: NamesrvConfig, clock: Clock, *, host: str = "0.0.0.0") -> None:
+        self.config = config
+        self.clock = clock
+        self.routes = RouteTable()
+        self.kv = KVStore(config.kv_config_path)
+        self.server = RemotingServer(
+            NamesrvHandlers(self.routes, self.kv, clock).table(),
+            host,
+            config.listen_port,
+            name="namesrv",
+            clock=clock,
+        )
+        self.server.add_connection_listener(on_close=self._on_connection_closed)
+        self.housekeeping = BrokerHousekeeping(
+            self.routes,
+            clock,
+            scan_interval_ms=config.scan_interval_ms,
+            broker_expiry_ms=config.broker_expiry_ms,
+        )
+        self._started = False
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when the config asked for 0)."""
+        return self.server.port
+
+    async def start(self) -> None:
+        self.kv.load()
+        await self.server.start()
+        await self.housekeeping.start()
+        self._started = True
+        logger.info("name server started on port %d", self.port)
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        await self.housekeeping.stop()
+        await self.server.stop()
+        logger.info("name server stopped")
+
+    def _on_connection_closed(self, connection: Connection) -> None:
+        for broker in self.routes.on_connection_closed(connection):
+            logger.info(
+                "broker %s (%s) dropped: its connection closed",
+                broker.broker_addr,
+                broker.broker_name,
+            )

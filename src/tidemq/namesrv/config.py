@@ -1,0 +1,32 @@
+"""NamesrvConfig: the name server's settings, with units in the names.
+
+RocketMQ's namesrv properties map onto it at the edge (cli): listenPort → listen_port,
+kvConfigPath → kv_config_path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidemq.limits import BROKER_EXPIRY_MS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NamesrvConfig:
+    # As RocketMQ; 0 picks a free port (tests).
+    listen_port: int = 9876
+    # Where PUT_KV_CONFIG entries persist; None keeps them in memory only.
+    kv_config_path: Path | None = None
+    # How often silent brokers are looked for (RocketMQ scans every 10 s).
+    scan_interval_ms: int = 10_000
+    # A broker silent this long is dropped; brokers register every 30 s.
+    broker_expiry_ms: int = BROKER_EXPIRY_MS
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.listen_port < 65536:
+            raise ValueError(f"listen_port {self.listen_port} out of range")
+        if self.scan_interval_ms <= 0:
+            raise ValueError("scan_interval_ms must be positive")
+        if self.broker_expiry_ms < self.scan_interval_ms:
+            raise ValueError("broker_expiry_ms must be at least scan_interval_ms")

@@ -1,0 +1,26 @@
+"""asyncio TCP transport for RemotingCommands: connections, a server, a client pool, handlers.
+
+The frame format lives in tidemq.protocol.frame; this package only moves frames, pairs responses
+to requests by opaque and runs inbound requests as tasks.
+"""
+
+from __future__ import annotations
+
+from tidemq.remoting.client import RemotingClient, parse_address
+from tidemq.remoting.connection import IN_FLIGHT_MAX, Connection, normalise_host
+from tidemq.remoting.handlers import Handler, HandlerTable, RequestHook
+from tidemq.remoting.loop import install_uvloop
+from tidemq.remoting.server import RemotingServer
+
+__all__ = [
+    "IN_FLIGHT_MAX",
+    "Connection",
+    "Handler",
+    "HandlerTable",
+    "RemotingClient",
+    "RemotingServer",
+    "RequestHook",
+    "install_uvloop",
+    "normalise_host",
+    "parse_address",
+]

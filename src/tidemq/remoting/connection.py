@@ -1,0 +1,445 @@
+"""One TCP connection carrying RemotingCommands both ways, used by server and client alike.
+
+A connection is symmetric: either side may send requests, and either side answers requests.
+
+    inbound bytes ──▶ FrameDecoder ──▶ response? ──▶ future in `_pending[opaque]` (else dropped)
+                                  └──▶ request  ──▶ own task: hook → handler → send_response
+
+Every inbound request runs as its own task so a handler that awaits (a held long-poll pull, a
+sync-flush wait) never stops the socket from reading; answers may leave out of order, paired by
+opaque. In-flight requests per connection are bounded by IN_FLIGHT_MAX; beyond it the request is
+answered SYSTEM_BUSY at once, as a Java broker does when its executor queue is full.
+
+A malformed or oversized frame closes only this connection: the decoder cannot resynchronise a
+byte stream, and the peer is either broken or hostile. When the connection closes, pending
+requests fail with ConnectionClosedError at once; handler tasks still running are left to finish
+(their answers are dropped) so a handler never sees a cancellation it did not expect.
+
+Writes go out as `writelines([head, body])` so large bodies are not copied into the header, and
+respect the transport's flow control: a writer awaits while the transport is paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Final, cast
+
+from tidemq.clock import Clock
+from tidemq.errors import ConnectionClosedError, ProtocolError, RequestTimeoutError
+from tidemq.protocol.codes import ResponseCode
+from tidemq.protocol.frame import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    FrameDecoder,
+    RemotingCommand,
+    encode_parts,
+)
+from tidemq.remoting.handlers import HandlerTable, RequestHook
+
+logger = logging.getLogger(__name__)
+
+# Requests one connection may have running at once; a client needs far fewer (held pulls are one
+# per queue), so reaching this means a runaway peer. Beyond it: SYSTEM_BUSY.
+IN_FLIGHT_MAX: Final = 4096
+# Opaques stay within a signed 32-bit int and non-negative, as the C++ client's do.
+_OPAQUE_MASK: Final = 0x7FFFFFFF
+
+CloseListener = Callable[["Connection"], None]
+
+
+def normalise_host(host: str) -> str:
+    """IPv4 text for loopback and v4-mapped IPv6 addresses; other hosts unchanged."""
+    if host == "::1":
+        return "127.0.0.1"
+    if host.startswith("::ffff:") and "." in host:
+        return host[len("::ffff:") :]
+    return host
+
+
+def _address(info: object) -> tuple[str, int]:
+    if isinstance(info, tuple) and len(info) >= 2:
+        return normalise_host(str(info[0])), int(info[1])
+    return ("", 0)
+
+
+class Connection:
+    """One TCP connection. Built by RemotingServer and RemotingClient, not by callers.
+
+    Attributes:
+        peer: the remote (host, port), host as IPv4 text where possible.
+        local: the local (host, port).
+        attributes: per-connection state owned by upper layers (client id, ACL identity, ...).
+    """
+
+    __slots__ = (
+        "_clock",
+        "_close_listeners",
+        "_closed",
+        "_closed_event",
+        "_decoder",
+        "_drain_waiters",
+        "_handlers",
+        "_in_flight",
+        "_in_flight_max",
+        "_last_activity_ms",
+        "_loop",
+        "_next_opaque",
+        "_paused",
+        "_pending",
+        "_request_hook",
+        "_tasks",
+        "_transport",
+        "attributes",
+        "local",
+        "peer",
+    )
+
+    def __init__(
+        self,
+        handlers: HandlerTable,
+        *,
+        clock: Clock,
+        frame_size_max: int,
+        request_hook: RequestHook | None = None,
+        in_flight_max: int = IN_FLIGHT_MAX,
+    ) -> None:
+        self._handlers = handlers
+        self._clock = clock
+        self._request_hook = request_hook
+        self._decoder = FrameDecoder(frame_size_max)
+        self._in_flight_max = in_flight_max
+        self._in_flight = 0
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._next_opaque = 0
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._close_listeners: list[CloseListener] = []
+        self._closed = False
+        self._closed_event = asyncio.Event()
+        self._last_activity_ms = clock.monotonic_ms()
+        self.attributes: dict[str, object] = {}
+        self.peer: tuple[str, int] = ("", 0)
+        self.local: tuple[str, int] = ("", 0)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Connection {self.peer_text} ({state})>"
+
+    @property
+    def peer_text(self) -> str:
+        """The peer as "host:port" (what RocketMQ calls the remote address of a channel)."""
+        return f"{self.peer[0]}:{self.peer[1]}"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def last_activity_ms(self) -> float:
+        """Monotonic time of the last byte read or frame written."""
+        return self._last_activity_ms
+
+    @property
+    def in_flight(self) -> int:
+        """Inbound requests currently being handled."""
+        return self._in_flight
+
+    # -- outbound ---------------------------------------------------------------------------
+
+    async def request(self, cmd: RemotingCommand, timeout_ms: float) -> RemotingCommand:
+        """Send `cmd` as a request and await its response.
+
+        Assigns `cmd.opaque` and clears the response bit, so one command object must not be in
+        flight twice at once.
+
+        Raises:
+            RequestTimeoutError: no response within `timeout_ms`.
+            ConnectionClosedError: the connection closed before the response arrived.
+        """
+        if self._closed:
+            raise ConnectionClosedError(f"connection to {self.peer_text} is closed")
+        opaque = self._allocate_opaque()
+        cmd.opaque = opaque
+        cmd.flag &= ~FLAG_RESPONSE
+        future: asyncio.Future[RemotingCommand] = self._loop.create_future()
+        self._pending[opaque] = future
+        timer = self._loop.call_later(
+            max(timeout_ms, 0) / 1000, self._expire, opaque, cmd.code, timeout_ms
+        )
+        try:
+            self._write(cmd)
+            if self._paused:
+                await self._drain()
+            return await future
+        finally:
+            timer.cancel()
+            self._pending.pop(opaque, None)
+
+    async def oneway(self, cmd: RemotingCommand) -> None:
+        """Send `cmd` with the oneway bit set; returns once the write is accepted by the transport.
+
+        Raises:
+            ConnectionClosedError: the connection is closed.
+        """
+        if self._closed:
+            raise ConnectionClosedError(f"connection to {self.peer_text} is closed")
+        cmd.opaque = self._allocate_opaque()
+        cmd.flag = (cmd.flag & ~FLAG_RESPONSE) | FLAG_ONEWAY
+        self._write(cmd)
+        if self._paused:
+            await self._drain()
+
+    async def send_response(self, cmd: RemotingCommand) -> None:
+        """Send a response (the caller sets its opaque). Dropped silently once closed: the peer
+        that asked is gone and nobody can receive it."""
+        cmd.flag |= FLAG_RESPONSE
+        if self._closed:
+            logger.debug("dropping response %d to closed %s", cmd.opaque, self.peer_text)
+            return
+        self._write(cmd)
+        if self._paused:
+            await self._drain()
+
+    def _allocate_opaque(self) -> int:
+        opaque = self._next_opaque
+        # Skip opaques still pending after a wrap (a request held for 2^31 requests).
+        while opaque in self._pending:
+            opaque = (opaque + 1) & _OPAQUE_MASK
+        self._next_opaque = (opaque + 1) & _OPAQUE_MASK
+        return opaque
+
+    def _write(self, cmd: RemotingCommand) -> None:
+        transport = self._transport
+        if transport is None or self._closed:
+            raise ConnectionClosedError(f"connection to {self.peer_text} is closed")
+        head, body = encode_parts(cmd)
+        if body:
+            transport.writelines([head, body])
+        else:
+            transport.write(head)
+        self._last_activity_ms = self._clock.monotonic_ms()
+
+    async def _drain(self) -> None:
+        if self._closed:
+            raise ConnectionClosedError(f"connection to {self.peer_text} closed while writing")
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._drain_waiters.append(waiter)
+        await waiter
+
+    def _expire(self, opaque: int, code: int, timeout_ms: float) -> None:
+        future = self._pending.pop(opaque, None)
+        if future is not None and not future.done():
+            future.set_exception(
+                RequestTimeoutError(
+                    f"request code {code} to {self.peer_text} timed out after {timeout_ms} ms"
+                )
+            )
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def add_close_listener(self, listener: CloseListener) -> None:
+        """Call `listener(self)` once when the connection closes (at once if already closed)."""
+        if self._closed:
+            listener(self)
+        else:
+            self._close_listeners.append(listener)
+
+    def close(self) -> None:
+        """Close after flushing queued writes. Pending requests fail with ConnectionClosedError."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        elif self._transport is None:
+            self._on_lost(None)
+
+    def abort(self) -> None:
+        """Close at once, discarding queued writes."""
+        if self._transport is not None:
+            self._transport.abort()
+        else:
+            self._on_lost(None)
+
+    async def wait_closed(self) -> None:
+        await self._closed_event.wait()
+
+    async def cancel_tasks(self) -> None:
+        """Cancel the handler tasks still running and wait for them (server and client stop)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- transport callbacks (via _ConnectionProtocol) --------------------------------------
+
+    def _on_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.peer = _address(transport.get_extra_info("peername"))
+        self.local = _address(transport.get_extra_info("sockname"))
+        self._last_activity_ms = self._clock.monotonic_ms()
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if exc is not None:
+            logger.debug("connection %s lost: %s", self.peer_text, exc)
+        pending = list(self._pending.values())
+        self._pending.clear()
+        for future in pending:
+            if not future.done():
+                future.set_exception(
+                    ConnectionClosedError(f"connection to {self.peer_text} closed")
+                )
+        self._wake_writers(ConnectionClosedError(f"connection to {self.peer_text} closed"))
+        listeners, self._close_listeners = self._close_listeners, []
+        for listener in listeners:
+            try:
+                listener(self)
+            except Exception:
+                logger.exception("close listener of %s failed", self.peer_text)
+        self._closed_event.set()
+
+    def _on_pause(self) -> None:
+        self._paused = True
+
+    def _on_resume(self) -> None:
+        self._paused = False
+        self._wake_writers(None)
+
+    def _wake_writers(self, exc: Exception | None) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for waiter in waiters:
+            if waiter.done():
+                continue
+            if exc is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(exc)
+
+    def _on_data(self, data: bytes) -> None:
+        self._last_activity_ms = self._clock.monotonic_ms()
+        try:
+            commands = self._decoder.feed(data)
+        except ProtocolError as exc:
+            logger.warning("closing connection from %s: %s", self.peer_text, exc)
+            if self._transport is not None:
+                self._transport.abort()
+            return
+        for cmd in commands:
+            if cmd.flag & FLAG_RESPONSE:
+                self._on_response(cmd)
+            else:
+                self._on_request(cmd)
+
+    def _on_response(self, cmd: RemotingCommand) -> None:
+        future = self._pending.pop(cmd.opaque, None)
+        if future is None or future.done():
+            logger.debug(
+                "dropping response code %d opaque %d from %s: no pending request",
+                cmd.code,
+                cmd.opaque,
+                self.peer_text,
+            )
+            return
+        future.set_result(cmd)
+
+    def _on_request(self, cmd: RemotingCommand) -> None:
+        if self._closed:
+            return
+        if self._in_flight >= self._in_flight_max:
+            if not cmd.flag & FLAG_ONEWAY:
+                remark = f"[OVERLOAD] {self._in_flight} requests in flight on this connection"
+                self._write(cmd.response(ResponseCode.SYSTEM_BUSY, remark=remark))
+            return
+        self._in_flight += 1
+        task = self._loop.create_task(self._serve(cmd))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, cmd: RemotingCommand) -> None:
+        try:
+            response = await self._answer(cmd)
+        finally:
+            self._in_flight -= 1
+        if response is None or cmd.flag & FLAG_ONEWAY:
+            return
+        response.opaque = cmd.opaque
+        response.serialize_type = cmd.serialize_type
+        try:
+            await self.send_response(response)
+        except ConnectionClosedError:
+            logger.debug("connection %s closed before the response to %d", self.peer_text, cmd.code)
+        except ProtocolError:
+            logger.exception("cannot encode the response to code %d", cmd.code)
+
+    async def _answer(self, cmd: RemotingCommand) -> RemotingCommand | None:
+        try:
+            if self._request_hook is not None:
+                hooked = await self._request_hook(self, cmd)
+                if hooked is not None:
+                    return hooked
+            handler = self._handlers.get(cmd.code)
+            if handler is None:
+                return cmd.response(
+                    ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                    remark=f" request type {cmd.code} not supported",
+                )
+            return await handler(self, cmd)
+        except Exception as exc:
+            # A task boundary: the handler's failure becomes the peer's SYSTEM_ERROR; the
+            # connection stays up.
+            logger.exception("handler for code %d from %s failed", cmd.code, self.peer_text)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(exc) or type(exc).__name__)
+
+
+class _ConnectionProtocol(asyncio.Protocol):
+    """asyncio's callback interface, forwarded to a Connection (kept off Connection's API)."""
+
+    __slots__ = ("_connection", "_on_close", "_on_open")
+
+    def __init__(
+        self,
+        connection: Connection,
+        on_open: Callable[[Connection], None] | None = None,
+        on_close: Callable[[Connection], None] | None = None,
+    ) -> None:
+        self._connection = connection
+        self._on_open = on_open
+        self._on_close = on_close
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._connection._on_made(cast(asyncio.Transport, transport))
+        if self._on_open is not None:
+            self._on_open(self._connection)
+
+    def data_received(self, data: bytes) -> None:
+        self._connection._on_data(data)
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport: a half-closed peer sends no more requests
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection._on_lost(exc)
+        if self._on_close is not None:
+            self._on_close(self._connection)
+
+    def pause_writing(self) -> None:
+        self._connection._on_pause()
+
+    def resume_writing(self) -> None:
+        self._connection._on_resume()
+
+
+def connection_protocol(
+    connection: Connection,
+    on_open: Callable[[Connection], None] | None = None,
+    on_close: Callable[[Connection], None] | None = None,
+) -> asyncio.Protocol:
+    """The asyncio Protocol that feeds `connection` (for the server and client factories)."""
+    return _ConnectionProtocol(connection, on_open, on_close)

@@ -1,0 +1,58 @@
+"""The request-code → handler table a RemotingServer or RemotingClient dispatches through.
+
+Commands as data (redis): each process builds one table at its composition root and hands it to
+the transport, so the set of codes a server answers can be listed and tested without a socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, TypeAlias
+
+from tidemq.protocol.frame import RemotingCommand
+
+if TYPE_CHECKING:
+    from tidemq.remoting.connection import Connection
+
+# Answers one request. Returning None sends no response (the handler may answer later with
+# `connection.send_response`, or the request needs none).
+Handler: TypeAlias = "Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]"
+# Runs before dispatch; a non-None result is sent instead of calling the handler (ACL, flow
+# control). The same shape as a handler.
+RequestHook: TypeAlias = Handler
+
+
+class HandlerTable:
+    """Maps request codes to handlers. Registering a code twice is a wiring bug and raises."""
+
+    __slots__ = ("_handlers",)
+
+    def __init__(self) -> None:
+        self._handlers: dict[int, Handler] = {}
+
+    def register(self, code: int, handler: Handler) -> None:
+        """Serve `code` with `handler`.
+
+        Raises:
+            ValueError: `code` already has a handler.
+        """
+        code = int(code)
+        if code in self._handlers:
+            raise ValueError(f"request code {code} already has a handler")
+        self._handlers[code] = handler
+
+    def get(self, code: int) -> Handler | None:
+        return self._handlers.get(code)
+
+    def codes(self) -> list[int]:
+        """The registered codes, ascending."""
+        return sorted(self._handlers)
+
+    def __contains__(self, code: object) -> bool:
+        return code in self._handlers
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.codes())
+
+    def __len__(self) -> int:
+        return len(self._handlers)

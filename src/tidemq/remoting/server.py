@@ -1,0 +1,177 @@
+"""RemotingServer: accepts TCP connections on one or more ports and serves a HandlerTable.
+
+The broker listens on listenPort and on listenPort-2 (RocketMQ's "VIP channel", still the default
+target of Java clients 4.4/4.5), so one server binds a list of ports with the same handlers.
+Idle connections (no bytes in either direction for `idle_timeout_ms`) are closed, as a Java server
+does after 120 s; clients heartbeat every 30 s, so only dead peers are reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from tidemq.clock import Clock, SystemClock
+from tidemq.limits import FRAME_SIZE_MAX
+from tidemq.remoting.connection import Connection, connection_protocol
+from tidemq.remoting.handlers import HandlerTable, RequestHook
+
+logger = logging.getLogger(__name__)
+
+# As a Java server's channel idle time; three missed client heartbeats and then some.
+IDLE_TIMEOUT_MS_DEFAULT: Final = 120_000
+# The idle sweep runs this many times per idle period, so a connection is closed at most a
+# quarter period late.
+_IDLE_SWEEPS_PER_TIMEOUT: Final = 4
+
+ConnectionListener = Callable[[Connection], None]
+
+
+class RemotingServer:
+    """Serve `handlers` on `host`:`port` (0 picks a free port) and on each of `extra_ports`."""
+
+    def __init__(
+        self,
+        handlers: HandlerTable,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        *,
+        name: str = "remoting",
+        frame_size_max: int = FRAME_SIZE_MAX,
+        request_hook: RequestHook | None = None,
+        idle_timeout_ms: int = IDLE_TIMEOUT_MS_DEFAULT,
+        extra_ports: Sequence[int] = (),
+        clock: Clock | None = None,
+    ) -> None:
+        assert idle_timeout_ms > 0
+        self._handlers = handlers
+        self._host = host
+        self._port_requested = port
+        self._extra_ports = tuple(extra_ports)
+        self.name = name
+        self._frame_size_max = frame_size_max
+        self._request_hook = request_hook
+        self._idle_timeout_ms = idle_timeout_ms
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._servers: list[asyncio.Server] = []
+        self._ports: list[int] = []
+        self._connections: set[Connection] = set()
+        self._open_listeners: list[ConnectionListener] = []
+        self._close_listeners: list[ConnectionListener] = []
+        self._idle_task: asyncio.Task[None] | None = None
+
+    @property
+    def ports(self) -> list[int]:
+        """The bound ports, the main one first (real numbers after `start`, even for port 0)."""
+        return list(self._ports)
+
+    @property
+    def port(self) -> int:
+        """The main bound port."""
+        assert self._ports, "server not started"
+        return self._ports[0]
+
+    @property
+    def connections(self) -> set[Connection]:
+        return set(self._connections)
+
+    def add_connection_listener(
+        self,
+        on_open: ConnectionListener | None = None,
+        on_close: ConnectionListener | None = None,
+    ) -> None:
+        """Call `on_open(connection)` for each accepted connection and `on_close` when it ends."""
+        if on_open is not None:
+            self._open_listeners.append(on_open)
+        if on_close is not None:
+            self._close_listeners.append(on_close)
+
+    async def start(self) -> None:
+        """Bind every port and start accepting.
+
+        Raises:
+            OSError: a port could not be bound (nothing stays bound).
+        """
+        assert not self._servers, "server already started"
+        loop = asyncio.get_running_loop()
+        try:
+            for port in (self._port_requested, *self._extra_ports):
+                server = await loop.create_server(
+                    self._new_protocol, self._host, port, reuse_address=True
+                )
+                self._servers.append(server)
+                self._ports.append(server.sockets[0].getsockname()[1])
+        except OSError:
+            await self._close_servers()
+            raise
+        self._idle_task = loop.create_task(self._sweep_idle(), name=f"{self.name}-idle")
+        logger.info("%s listening on %s ports %s", self.name, self._host, self._ports)
+
+    async def stop(self) -> None:
+        """Stop accepting, close every connection and cancel the handlers still running."""
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._idle_task
+            self._idle_task = None
+        await self._close_servers()
+        connections = list(self._connections)
+        for connection in connections:
+            connection.close()
+        for connection in connections:
+            await connection.wait_closed()
+            await connection.cancel_tasks()
+        if connections or self._ports:
+            logger.info("%s stopped", self.name)
+
+    async def _close_servers(self) -> None:
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
+        for server in servers:
+            await server.wait_closed()
+
+    def _new_protocol(self) -> asyncio.Protocol:
+        connection = Connection(
+            self._handlers,
+            clock=self._clock,
+            frame_size_max=self._frame_size_max,
+            request_hook=self._request_hook,
+        )
+        return connection_protocol(connection, self._on_open, self._on_close)
+
+    def _on_open(self, connection: Connection) -> None:
+        self._connections.add(connection)
+        logger.debug("%s: connection from %s", self.name, connection.peer_text)
+        for listener in self._open_listeners:
+            try:
+                listener(connection)
+            except Exception:
+                logger.exception("%s: connection-open listener failed", self.name)
+
+    def _on_close(self, connection: Connection) -> None:
+        self._connections.discard(connection)
+        logger.debug("%s: connection from %s closed", self.name, connection.peer_text)
+        for listener in self._close_listeners:
+            try:
+                listener(connection)
+            except Exception:
+                logger.exception("%s: connection-close listener failed", self.name)
+
+    async def _sweep_idle(self) -> None:
+        interval_s = self._idle_timeout_ms / _IDLE_SWEEPS_PER_TIMEOUT / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            now_ms = self._clock.monotonic_ms()
+            for connection in list(self._connections):
+                if now_ms - connection.last_activity_ms >= self._idle_timeout_ms:
+                    logger.info(
+                        "%s: closing %s, idle for %d ms",
+                        self.name,
+                        connection.peer_text,
+                        now_ms - connection.last_activity_ms,
+                    )
+                    connection.close()
