@@ -1,0 +1,288 @@
+"""Admin verbs: topic, cluster, send, consume, message, group.
+
+Thin: each verb parses flags, calls the blocking client (`tidemq.client.blocking`) and prints a
+table or a line. Errors from the cluster are printed as one line with their response code and the
+verb exits 1, so scripts can branch on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tidemq.errors import QueueError
+
+Printer = Callable[[str], None]
+
+
+def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
+    def verb(name: str, help_text: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, **kwargs)
+        return parser
+
+    def with_namesrv(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        parser.add_argument(
+            "-n", "--namesrv-addr", default=namesrv_default,
+            help=f"name server(s), ';'-separated (default {namesrv_default}, or TIDEMQ_NAMESRV_ADDR)",
+        )
+        return parser
+
+    topic = verb("topic", "create, list and inspect topics")
+    topic_actions = topic.add_subparsers(dest="action", required=True)
+    create = with_namesrv(topic_actions.add_parser("create", help="create or update a topic"))
+    create.add_argument("-t", "--topic", required=True)
+    create.add_argument("-q", "--queues", type=int, default=8, help="read and write queues")
+    create.add_argument("-p", "--perm", type=int, default=6, help="6 read+write, 4 read, 2 write")
+    create.add_argument("-c", "--cluster", help="every master of this cluster (default: all)")
+    create.add_argument("-b", "--broker-addr", help="only this broker")
+    create.add_argument("--order", action="store_true", help="an ordered topic")
+    create.set_defaults(run=run_topic_create)
+    listing = with_namesrv(topic_actions.add_parser("list", help="every topic the name server knows"))
+    listing.set_defaults(run=run_topic_list)
+    route = with_namesrv(topic_actions.add_parser("route", help="brokers and queues of a topic"))
+    route.add_argument("-t", "--topic", required=True)
+    route.set_defaults(run=run_topic_route)
+    stats = with_namesrv(topic_actions.add_parser("stats", help="min/max offset per queue"))
+    stats.add_argument("-t", "--topic", required=True)
+    stats.set_defaults(run=run_topic_stats)
+
+    cluster = verb("cluster", "brokers of each cluster")
+    cluster_actions = cluster.add_subparsers(dest="action", required=True)
+    cluster_list = with_namesrv(cluster_actions.add_parser("list", help="clusters and brokers"))
+    cluster_list.set_defaults(run=run_cluster_list)
+
+    send = with_namesrv(verb("send", "send messages"))
+    send.add_argument("-t", "--topic", required=True)
+    send.add_argument("-b", "--body", default=None, help="message body (default: read stdin)")
+    send.add_argument("--tags", default=None)
+    send.add_argument("-k", "--keys", default=None, help="space-separated keys")
+    send.add_argument("-c", "--count", type=int, default=1, help="send the body this many times")
+    send.add_argument("-g", "--group", default="TIDEMQ_CLI_PRODUCER", help="producer group")
+    send.set_defaults(run=run_send)
+
+    consume = with_namesrv(verb("consume", "read messages and commit the group's offsets"))
+    consume.add_argument("-t", "--topic", required=True)
+    consume.add_argument("-g", "--group", default="TIDEMQ_CLI_CONSUMER")
+    consume.add_argument("-e", "--expression", default="*", help="tag expression, e.g. 'A || B'")
+    consume.add_argument("-c", "--count", type=int, default=None, help="stop after this many")
+    consume.add_argument("--from-beginning", action="store_true",
+                         help="start at the earliest offset instead of the group's committed one")
+    consume.add_argument("--wait-seconds", type=float, default=3.0,
+                         help="stop when nothing new arrives for this long")
+    consume.set_defaults(run=run_consume)
+
+    message = verb("message", "look messages up")
+    message_actions = message.add_subparsers(dest="action", required=True)
+    query = with_namesrv(message_actions.add_parser("query", help="by key or by offset message id"))
+    query.add_argument("-t", "--topic", help="topic (needed with --key)")
+    found_by = query.add_mutually_exclusive_group(required=True)
+    found_by.add_argument("-k", "--key")
+    found_by.add_argument("-i", "--id", help="offsetMsgId as returned by a send")
+    query.set_defaults(run=run_message_query)
+
+    group = verb("group", "consumer groups")
+    group_actions = group.add_subparsers(dest="action", required=True)
+    progress = with_namesrv(group_actions.add_parser("progress", help="lag per queue"))
+    progress.add_argument("-g", "--group", required=True)
+    progress.add_argument("-t", "--topic", default=None)
+    progress.set_defaults(run=run_group_progress)
+
+
+def _admin(args: argparse.Namespace) -> Any:
+    from tidemq.client.blocking import BlockingAdmin
+
+    return BlockingAdmin(args.namesrv_addr)
+
+
+def _fail(error: QueueError) -> int:
+    print(f"tidemq: {error}", file=sys.stderr)
+    return 1
+
+
+def _table(rows: list[list[str]], out: Printer = print) -> None:
+    if not rows:
+        return
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def run_topic_create(args: argparse.Namespace) -> int:
+    try:
+        with _admin(args) as admin:
+            addrs = admin.create_topic(
+                args.topic, cluster=args.cluster, broker_addr=args.broker_addr,
+                read_queue_nums=args.queues, write_queue_nums=args.queues,
+                perm=args.perm, order=args.order,
+            )
+    except QueueError as error:
+        return _fail(error)
+    print(f"topic {args.topic} created on {', '.join(addrs)}")
+    return 0
+
+
+def run_topic_list(args: argparse.Namespace) -> int:
+    try:
+        with _admin(args) as admin:
+            topics = admin.topic_list()
+    except QueueError as error:
+        return _fail(error)
+    for name in topics:
+        print(name)
+    return 0
+
+
+def run_topic_route(args: argparse.Namespace) -> int:
+    try:
+        with _admin(args) as admin:
+            route = admin.topic_route(args.topic)
+    except QueueError as error:
+        return _fail(error)
+    rows = [["BROKER", "ADDRESSES", "READ", "WRITE", "PERM"]]
+    addresses = {b.broker_name: b.broker_addrs for b in route.broker_datas}
+    for queue in sorted(route.queue_datas, key=lambda q: q.broker_name):
+        addrs = ",".join(f"{i}={a}" for i, a in sorted(addresses.get(queue.broker_name, {}).items()))
+        rows.append([queue.broker_name, addrs, str(queue.read_queue_nums),
+                     str(queue.write_queue_nums), str(queue.perm)])
+    _table(rows)
+    return 0
+
+
+def run_topic_stats(args: argparse.Namespace) -> int:
+    try:
+        with _admin(args) as admin:
+            stats = admin.topic_stats(args.topic)
+    except QueueError as error:
+        return _fail(error)
+    rows = [["BROKER", "QUEUE", "MIN", "MAX", "LAST UPDATE"]]
+    for queue, offset in stats.offset_table.items():
+        rows.append([queue.broker_name, str(queue.queue_id), str(offset.min_offset),
+                     str(offset.max_offset), _when(offset.last_update_timestamp)])
+    _table(rows)
+    return 0
+
+
+def run_cluster_list(args: argparse.Namespace) -> int:
+    try:
+        with _admin(args) as admin:
+            info = admin.cluster_info()
+    except QueueError as error:
+        return _fail(error)
+    rows = [["CLUSTER", "BROKER", "ID", "ADDRESS"]]
+    for cluster, names in sorted(info.cluster_addr_table.items()):
+        for name in sorted(names):
+            broker = info.broker_addr_table.get(name)
+            for broker_id, addr in sorted(broker.broker_addrs.items()) if broker else []:
+                rows.append([cluster, name, str(broker_id), addr])
+    _table(rows)
+    return 0
+
+
+def run_send(args: argparse.Namespace) -> int:
+    from tidemq.client.blocking import BlockingProducer
+    from tidemq.client.message import Message
+
+    body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
+    keys = tuple(args.keys.split()) if args.keys else ()
+    try:
+        with BlockingProducer(args.group, args.namesrv_addr) as producer:
+            for _ in range(args.count):
+                result = producer.send(Message(args.topic, body, tags=args.tags, keys=keys))
+                queue = result.message_queue
+                print(f"{result.status.name} msgId={result.msg_id} offsetMsgId={result.offset_msg_id}"
+                      f" queue={queue.broker_name}:{queue.queue_id} offset={result.queue_offset}")
+    except QueueError as error:
+        return _fail(error)
+    return 0
+
+
+def run_consume(args: argparse.Namespace) -> int:
+    from tidemq.client.blocking import BlockingPullConsumer
+    from tidemq.client.message import PullStatus
+
+    received = 0
+    try:
+        with BlockingPullConsumer(args.group, args.namesrv_addr) as consumer:
+            queues = consumer.fetch_subscribe_message_queues(args.topic)
+            offsets = {}
+            for queue in queues:
+                start = consumer.fetch_consumer_offset(queue)
+                offsets[queue] = consumer.min_offset(queue) if args.from_beginning or start < 0 else start
+            idle_since = time.monotonic()
+            while args.count is None or received < args.count:
+                progressed = False
+                for queue in queues:
+                    result = consumer.pull(queue, args.expression, offsets[queue], 32)
+                    for message in result.messages:
+                        if args.count is not None and received >= args.count:
+                            break
+                        received += 1
+                        offsets[queue] = message.queue_offset + 1
+                        _print_message(message)
+                    else:
+                        offsets[queue] = result.next_begin_offset
+                    progressed |= result.status is PullStatus.FOUND
+                    consumer.update_consumer_offset(queue, offsets[queue])
+                if progressed:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > args.wait_seconds:
+                    break
+                else:
+                    time.sleep(0.05)  # polling a CLI loop; long polling serves real consumers
+    except QueueError as error:
+        return _fail(error)
+    print(f"{received} message(s)", file=sys.stderr)
+    return 0
+
+
+def _print_message(message: Any) -> None:
+    body = message.body.decode("utf-8", errors="replace")
+    print(f"[{message.broker_name}:{message.queue_id}@{message.queue_offset}] "
+          f"msgId={message.msg_id} tags={message.tags or ''} keys={' '.join(message.keys)} {body}")
+
+
+def run_message_query(args: argparse.Namespace) -> int:
+    try:
+        with _admin(args) as admin:
+            if args.id:
+                messages = [admin.view_message(args.id)]
+            else:
+                if not args.topic:
+                    print("tidemq: --key needs --topic", file=sys.stderr)
+                    return 2
+                messages = admin.query_message_by_key(args.topic, args.key)
+    except QueueError as error:
+        return _fail(error)
+    for message in messages:
+        _print_message(message)
+    if not messages:
+        print("no message found", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_group_progress(args: argparse.Namespace) -> int:
+    try:
+        with _admin(args) as admin:
+            stats = admin.consume_stats(args.group, args.topic)
+    except QueueError as error:
+        return _fail(error)
+    rows = [["TOPIC", "BROKER", "QUEUE", "BROKER OFFSET", "CONSUMER OFFSET", "LAG"]]
+    total = 0
+    for queue, offset in stats.offset_table.items():
+        lag = max(0, offset.broker_offset - max(offset.consumer_offset, 0))
+        total += lag
+        rows.append([queue.topic, queue.broker_name, str(queue.queue_id), str(offset.broker_offset),
+                     str(offset.consumer_offset), str(lag)])
+    _table(rows)
+    print(f"total lag: {total}")
+    return 0
+
+
+def _when(timestamp_ms: int) -> str:
+    if timestamp_ms <= 0:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp_ms / 1000))
