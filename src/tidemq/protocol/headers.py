@@ -1,0 +1,130 @@
+"""Every typed request and response header of the protocol, importable from one place.
+
+The headers are defined in three modules by reason to change, and re-exported here:
+
+- `headers_send`: SEND_MESSAGE 10/310/320, PULL_MESSAGE, END_TRANSACTION, CHECK_TRANSACTION_STATE;
+- `headers_query`: consumer offsets, offset lookups, view/query by id or key, client registration,
+  send-back;
+- `headers_admin`: topic administration and the name server.
+
+Each header is `@dataclass(frozen=True, slots=True, kw_only=True)` with `to_fields()` (extFields:
+every value a string, None fields omitted) and `from_fields(fields)` (lenient inbound parsing per
+remoting.md §1.4; ProtocolError naming the missing or invalid wire field):
+
+    header = PullMessageRequestHeader.from_fields(request.ext_fields)
+    response = request.response(0, PullMessageResponseHeader(...).to_fields(), body)
+"""
+
+from __future__ import annotations
+
+from tidemq.protocol.headers_admin import (
+    TOPIC_FILTER_MULTI_TAG,
+    TOPIC_FILTER_SINGLE_TAG,
+    AddWritePermOfBrokerRequestHeader,
+    AddWritePermOfBrokerResponseHeader,
+    CreateTopicRequestHeader,
+    DeleteKVConfigRequestHeader,
+    DeleteTopicRequestHeader,
+    GetConsumerConnectionListRequestHeader,
+    GetConsumerRunningInfoRequestHeader,
+    GetConsumeStatsRequestHeader,
+    GetKVConfigRequestHeader,
+    GetKVConfigResponseHeader,
+    GetKVListByNamespaceRequestHeader,
+    GetRouteInfoRequestHeader,
+    GetTopicsByClusterRequestHeader,
+    GetTopicStatsInfoRequestHeader,
+    PutKVConfigRequestHeader,
+    QueryDataVersionRequestHeader,
+    QueryDataVersionResponseHeader,
+    RegisterBrokerRequestHeader,
+    RegisterBrokerResponseHeader,
+    UnregisterBrokerRequestHeader,
+    WipeWritePermOfBrokerRequestHeader,
+    WipeWritePermOfBrokerResponseHeader,
+)
+from tidemq.protocol.headers_query import (
+    UNIQUE_KEY_QUERY_FIELD,
+    ConsumerSendMsgBackRequestHeader,
+    EarliestMsgStoretimeResponseHeader,
+    GetConsumerListByGroupRequestHeader,
+    GetEarliestMsgStoretimeRequestHeader,
+    GetMaxOffsetRequestHeader,
+    GetMinOffsetRequestHeader,
+    NotifyConsumerIdsChangedRequestHeader,
+    OffsetResponseHeader,
+    QueryConsumerOffsetRequestHeader,
+    QueryConsumerOffsetResponseHeader,
+    QueryMessageRequestHeader,
+    QueryMessageResponseHeader,
+    SearchOffsetRequestHeader,
+    UnregisterClientRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+    ViewMessageRequestHeader,
+)
+from tidemq.protocol.headers_send import (
+    DEFAULT_TOPIC,
+    DEFAULT_TOPIC_QUEUE_NUMS,
+    MSG_REGION_DEFAULT,
+    CheckTransactionStateRequestHeader,
+    EndTransactionRequestHeader,
+    PullMessageRequestHeader,
+    PullMessageResponseHeader,
+    PullSysFlag,
+    SendMessageRequestHeader,
+    SendMessageResponseHeader,
+)
+
+__all__ = [
+    "DEFAULT_TOPIC",
+    "DEFAULT_TOPIC_QUEUE_NUMS",
+    "MSG_REGION_DEFAULT",
+    "TOPIC_FILTER_MULTI_TAG",
+    "TOPIC_FILTER_SINGLE_TAG",
+    "UNIQUE_KEY_QUERY_FIELD",
+    "AddWritePermOfBrokerRequestHeader",
+    "AddWritePermOfBrokerResponseHeader",
+    "CheckTransactionStateRequestHeader",
+    "ConsumerSendMsgBackRequestHeader",
+    "CreateTopicRequestHeader",
+    "DeleteKVConfigRequestHeader",
+    "DeleteTopicRequestHeader",
+    "EarliestMsgStoretimeResponseHeader",
+    "EndTransactionRequestHeader",
+    "GetConsumeStatsRequestHeader",
+    "GetConsumerConnectionListRequestHeader",
+    "GetConsumerListByGroupRequestHeader",
+    "GetConsumerRunningInfoRequestHeader",
+    "GetEarliestMsgStoretimeRequestHeader",
+    "GetKVConfigRequestHeader",
+    "GetKVConfigResponseHeader",
+    "GetKVListByNamespaceRequestHeader",
+    "GetMaxOffsetRequestHeader",
+    "GetMinOffsetRequestHeader",
+    "GetRouteInfoRequestHeader",
+    "GetTopicStatsInfoRequestHeader",
+    "GetTopicsByClusterRequestHeader",
+    "NotifyConsumerIdsChangedRequestHeader",
+    "OffsetResponseHeader",
+    "PullMessageRequestHeader",
+    "PullMessageResponseHeader",
+    "PullSysFlag",
+    "PutKVConfigRequestHeader",
+    "QueryConsumerOffsetRequestHeader",
+    "QueryConsumerOffsetResponseHeader",
+    "QueryDataVersionRequestHeader",
+    "QueryDataVersionResponseHeader",
+    "QueryMessageRequestHeader",
+    "QueryMessageResponseHeader",
+    "RegisterBrokerRequestHeader",
+    "RegisterBrokerResponseHeader",
+    "SearchOffsetRequestHeader",
+    "SendMessageRequestHeader",
+    "SendMessageResponseHeader",
+    "UnregisterBrokerRequestHeader",
+    "UnregisterClientRequestHeader",
+    "UpdateConsumerOffsetRequestHeader",
+    "ViewMessageRequestHeader",
+    "WipeWritePermOfBrokerRequestHeader",
+    "WipeWritePermOfBrokerResponseHeader",
+]

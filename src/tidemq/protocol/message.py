@@ -1,0 +1,414 @@
+"""Message-level facts of the protocol: property names and codec, flags, tag hash and filter, enums.
+
+What lives here is shared by the client, the broker and the store, so it is spelled once:
+
+- property names (remoting.md §6.3) and the properties string (§5.3):
+
+      key \\x01 value \\x02 key \\x01 value \\x02 ...        (trailing \\x02 optional on input)
+
+- `SysFlag` (§6.1), `Perm` and `TopicSysFlag` (§6.2);
+- the consume-queue tag hash (§5.7): Java `String.hashCode` over UTF-16 code units, signed 32-bit;
+- tag expressions ("TagA || TagB", "*") as a `TagFilter` (§4.2);
+- the consumer enums of the heartbeat (§4.4) with a lenient parser (ints, digit strings, names).
+
+Message ids, the batch body codec and topic/group names are defined in `message_id`,
+`message_batch` and `names` and re-exported here, so `tidemq.protocol.message` is the one import.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Final, Self
+
+from tidemq.errors import ProtocolError
+from tidemq.protocol.message_batch import BatchItem, decode_batch, deflate, encode_batch, inflate
+from tidemq.protocol.message_id import (
+    UniqueKeyGenerator,
+    decode_offset_msg_id,
+    offset_msg_id,
+)
+from tidemq.protocol.names import (
+    BENCHMARK_TOPIC,
+    CID_RMQ_SYS_PREFIX,
+    CLIENT_INNER_PRODUCER_GROUP,
+    DEFAULT_CONSUMER_GROUP,
+    DEFAULT_PRODUCER_GROUP,
+    DLQ_GROUP_TOPIC_PREFIX,
+    MASTER_BROKER_ID,
+    OFFSET_MOVED_EVENT,
+    RETRY_GROUP_TOPIC_PREFIX,
+    RMQ_SYS_TRACE_TOPIC,
+    RMQ_SYS_TRANS_HALF_TOPIC,
+    RMQ_SYS_TRANS_OP_HALF_TOPIC,
+    SCHEDULE_TOPIC_XXXX,
+    SELF_TEST_TOPIC,
+    SYSTEM_TOPIC_PREFIX,
+    TBW102,
+    TRANS_CHECK_GROUP,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    dlq_topic,
+    group_of_retry_topic,
+    is_dlq_topic,
+    is_retry_topic,
+    is_system_topic,
+    retry_topic,
+    validate_group,
+    validate_topic,
+)
+
+__all__ = [
+    "ARRIVE_TIME",
+    "BENCHMARK_TOPIC",
+    "BUYER_ID",
+    "CHECK_IMMUNITY_TIME_IN_SECONDS",
+    "CID_RMQ_SYS_PREFIX",
+    "CLIENT_INNER_PRODUCER_GROUP",
+    "CLUSTER",
+    "CONSUME_START_TIME",
+    "CORRECTION_FLAG",
+    "CORRELATION_ID",
+    "CRC32_PROPERTY",
+    "DEFAULT_CONSUMER_GROUP",
+    "DEFAULT_PRODUCER_GROUP",
+    "DELAY",
+    "DLQ_GROUP_TOPIC_PREFIX",
+    "EXPRESSION_TYPE_SQL92",
+    "EXPRESSION_TYPE_TAG",
+    "INSTANCE_ID",
+    "KEYS",
+    "KEY_SEPARATOR",
+    "MASTER_BROKER_ID",
+    "MAX_OFFSET",
+    "MAX_RECONSUME_TIMES",
+    "MIN_OFFSET",
+    "MQ2_FLAG",
+    "MSG_REGION",
+    "MSG_TYPE",
+    "NAME_VALUE_SEPARATOR",
+    "OFFSET_MOVED_EVENT",
+    "ORIGIN_MESSAGE_ID",
+    "PGROUP",
+    "PROPERTY_SEPARATOR",
+    "PUSH_REPLY_TIME",
+    "REAL_QID",
+    "REAL_TOPIC",
+    "RECONSUME_TIME",
+    "REPLY_TO_CLIENT",
+    "RETRY_GROUP_TOPIC_PREFIX",
+    "RETRY_TOPIC",
+    "RMQ_SYS_TRACE_TOPIC",
+    "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+    "SCHEDULE_TOPIC_XXXX",
+    "SELF_TEST_TOPIC",
+    "SHARDING_KEY",
+    "SUB_ALL",
+    "SYSTEM_TOPIC_PREFIX",
+    "TAGS",
+    "TBW102",
+    "TRACE_ON",
+    "TRANSACTION_CHECK_TIMES",
+    "TRANSFER_FLAG",
+    "TRANS_CHECK_GROUP",
+    "TRANS_CHECK_MAX_TIME_TOPIC",
+    "TRAN_MSG",
+    "TRAN_PREPARED_QUEUE_OFFSET",
+    "TTL",
+    "UNIQ_KEY",
+    "WAIT",
+    "BatchItem",
+    "ConsumeFromWhere",
+    "ConsumeType",
+    "MessageModel",
+    "Perm",
+    "SysFlag",
+    "TagFilter",
+    "TopicSysFlag",
+    "UniqueKeyGenerator",
+    "decode_batch",
+    "decode_offset_msg_id",
+    "decode_properties",
+    "deflate",
+    "dlq_topic",
+    "encode_batch",
+    "encode_properties",
+    "group_of_retry_topic",
+    "inflate",
+    "is_dlq_topic",
+    "is_retry_topic",
+    "is_system_topic",
+    "java_string_hash",
+    "offset_msg_id",
+    "parse_tag_expression",
+    "retry_topic",
+    "tag_code",
+    "validate_group",
+    "validate_topic",
+]
+
+# ---------------------------------------------------------------------------------------------
+# Property names (MessageConst, §6.3)
+
+KEYS: Final = "KEYS"  # user keys, space-separated (KEY_SEPARATOR); indexed
+KEY_SEPARATOR: Final = " "
+TAGS: Final = "TAGS"  # one tag; hashed into the consume queue
+WAIT: Final = "WAIT"  # "true": the producer waits for the store; dropped before storing
+DELAY: Final = "DELAY"  # delay level, 1..18
+RETRY_TOPIC: Final = "RETRY_TOPIC"  # original topic of a retried message
+REAL_TOPIC: Final = "REAL_TOPIC"  # destination while parked in the schedule or half topic
+REAL_QID: Final = "REAL_QID"
+TRAN_MSG: Final = "TRAN_MSG"  # "true" marks a half message
+PGROUP: Final = "PGROUP"  # producer group of a transactional message
+MIN_OFFSET: Final = "MIN_OFFSET"  # added client-side on pull
+MAX_OFFSET: Final = "MAX_OFFSET"
+BUYER_ID: Final = "BUYER_ID"
+ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"  # msgId before the first retry
+TRANSFER_FLAG: Final = "TRANSFER_FLAG"
+CORRECTION_FLAG: Final = "CORRECTION_FLAG"
+MQ2_FLAG: Final = "MQ2_FLAG"
+RECONSUME_TIME: Final = "RECONSUME_TIME"
+MSG_REGION: Final = "MSG_REGION"
+TRACE_ON: Final = "TRACE_ON"
+UNIQ_KEY: Final = "UNIQ_KEY"  # client-made message id
+MAX_RECONSUME_TIMES: Final = "MAX_RECONSUME_TIMES"
+CONSUME_START_TIME: Final = "CONSUME_START_TIME"
+TRAN_PREPARED_QUEUE_OFFSET: Final = "TRAN_PREPARED_QUEUE_OFFSET"
+TRANSACTION_CHECK_TIMES: Final = "TRANSACTION_CHECK_TIMES"
+CHECK_IMMUNITY_TIME_IN_SECONDS: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+INSTANCE_ID: Final = "INSTANCE_ID"
+CORRELATION_ID: Final = "CORRELATION_ID"
+REPLY_TO_CLIENT: Final = "REPLY_TO_CLIENT"
+TTL: Final = "TTL"
+ARRIVE_TIME: Final = "ARRIVE_TIME"
+PUSH_REPLY_TIME: Final = "PUSH_REPLY_TIME"
+CLUSTER: Final = "CLUSTER"  # added by the broker on store
+MSG_TYPE: Final = "MSG_TYPE"
+SHARDING_KEY: Final = "__SHARDINGKEY"
+# TideMQ's whole-record CRC property (store brief; RocketMQ 5 uses the same name).
+CRC32_PROPERTY: Final = "__CRC32#"
+
+NAME_VALUE_SEPARATOR: Final = "\x01"
+PROPERTY_SEPARATOR: Final = "\x02"
+
+# ---------------------------------------------------------------------------------------------
+# Properties codec (§5.3)
+
+
+def encode_properties(props: Mapping[str, str]) -> str:
+    """`key\\x01value\\x02` for each pair, with the trailing separator (what 4.x clients send).
+
+    Raises:
+        ProtocolError: a key or value contains a separator, or a key or value is empty (it would
+            be dropped on decoding, so the map would not survive the trip).
+    """
+    parts: list[str] = []
+    for key, value in props.items():
+        if not key or not value:
+            raise ProtocolError(f"property {key!r} has an empty key or value")
+        for text in (key, value):
+            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
+                raise ProtocolError(f"property {key!r} contains a separator character")
+        parts.append(f"{key}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
+    return "".join(parts)
+
+
+def decode_properties(text: str) -> dict[str, str]:
+    """The map of a properties string, with or without the trailing separator.
+
+    As Java's parser: fragments without a name/value separator are skipped, and so are pairs with
+    an empty key or an empty value; a later duplicate key wins. Never raises.
+    """
+    props: dict[str, str] = {}
+    for fragment in text.split(PROPERTY_SEPARATOR):
+        key, separator, value = fragment.partition(NAME_VALUE_SEPARATOR)
+        if separator and key and value:
+            props[key] = value
+    return props
+
+
+# ---------------------------------------------------------------------------------------------
+# Flags (§6.1, §6.2)
+
+
+class SysFlag:
+    """MessageSysFlag bits; `sys_flag & TRANSACTION_MASK` is the transaction type."""
+
+    COMPRESSED: Final = 0x1
+    MULTI_TAGS: Final = 0x2
+    TRANSACTION_NOT: Final = 0x0
+    PREPARED: Final = 0x4
+    COMMIT: Final = 0x8
+    ROLLBACK: Final = 0xC
+    TRANSACTION_MASK: Final = 0xC
+    BORNHOST_V6: Final = 0x10
+    STOREHOST_V6: Final = 0x20
+
+    @staticmethod
+    def transaction_type(sys_flag: int) -> int:
+        return sys_flag & SysFlag.TRANSACTION_MASK
+
+    @staticmethod
+    def with_transaction_type(sys_flag: int, transaction_type: int) -> int:
+        assert transaction_type & ~SysFlag.TRANSACTION_MASK == 0, transaction_type
+        return (sys_flag & ~SysFlag.TRANSACTION_MASK) | transaction_type
+
+
+class Perm:
+    """PermName bits of a topic (normal topics 6, TBW102 7)."""
+
+    PRIORITY: Final = 8
+    READ: Final = 4
+    WRITE: Final = 2
+    INHERIT: Final = 1
+
+    @staticmethod
+    def is_readable(perm: int) -> bool:
+        return bool(perm & Perm.READ)
+
+    @staticmethod
+    def is_writable(perm: int) -> bool:
+        return bool(perm & Perm.WRITE)
+
+    @staticmethod
+    def is_inherited(perm: int) -> bool:
+        return bool(perm & Perm.INHERIT)
+
+    @staticmethod
+    def to_text(perm: int) -> str:
+        """As Java's PermName.perm2String: "RWX" with "-" for a missing bit ("X" = inherit)."""
+        return "".join(
+            letter if perm & bit else "-"
+            for letter, bit in (("R", Perm.READ), ("W", Perm.WRITE), ("X", Perm.INHERIT))
+        )
+
+
+class TopicSysFlag:
+    UNIT: Final = 0x1
+    UNIT_SUB: Final = 0x2
+
+
+# ---------------------------------------------------------------------------------------------
+# Tag hash (§5.7) and tag expressions (§4.2)
+
+_UINT32_MASK: Final = 0xFFFFFFFF
+_INT32_SIGN: Final = 0x80000000
+
+
+def java_string_hash(text: str) -> int:
+    """Java `String.hashCode()`: sum of c_i·31^(n-1-i) over UTF-16 code units, signed 32-bit."""
+    data = text.encode("utf-16-be", "surrogatepass")
+    value = 0
+    for (unit,) in struct.iter_unpack(">H", data):
+        value = (value * 31 + unit) & _UINT32_MASK
+    return value - (1 << 32) if value & _INT32_SIGN else value
+
+
+def tag_code(tags: str | None) -> int:
+    """The consume-queue tagsCode of a message's TAGS property (0 when there is no tag)."""
+    return java_string_hash(tags) if tags else 0
+
+
+SUB_ALL: Final = "*"
+EXPRESSION_TYPE_TAG: Final = "TAG"
+EXPRESSION_TYPE_SQL92: Final = "SQL92"
+_TAG_OR: Final = "||"
+
+
+@dataclass(frozen=True, slots=True)
+class TagFilter:
+    """A parsed tag expression. `tags` None means every message matches."""
+
+    tags: frozenset[str] | None
+    codes: frozenset[int]
+
+    @property
+    def matches_all(self) -> bool:
+        return self.tags is None
+
+    def matches_code(self, code: int) -> bool:
+        """The broker's test on a consume-queue entry's tag hash."""
+        return self.tags is None or code in self.codes
+
+    def matches_tag(self, tag: str | None) -> bool:
+        """The client's second test on the tag string itself (hashes can collide)."""
+        return self.tags is None or (tag is not None and tag in self.tags)
+
+
+_MATCH_ALL: Final = TagFilter(tags=None, codes=frozenset())
+
+
+def parse_tag_expression(expression: str | None) -> TagFilter:
+    """ "*", "" or None → all; else tags split on "||" and stripped, with their Java hashes.
+
+    A "*" inside a list ("TagA || *") is an ordinary tag, as in Java.
+
+    Raises:
+        ProtocolError: the expression has separators but no tag ("||").
+    """
+    if expression is None:
+        return _MATCH_ALL
+    stripped = expression.strip()
+    if not stripped or stripped == SUB_ALL:
+        return _MATCH_ALL
+    tags = frozenset(tag for part in stripped.split(_TAG_OR) if (tag := part.strip()))
+    if not tags:
+        raise ProtocolError(f"tag expression {expression!r} names no tag")
+    return TagFilter(tags=tags, codes=frozenset(java_string_hash(tag) for tag in tags))
+
+
+# ---------------------------------------------------------------------------------------------
+# Consumer enums (§4.4). C++ sends ordinals, Java and ali-ons names.
+
+
+_DECIMAL: Final = re.compile(r"[+-]?[0-9]+")
+
+
+class _LenientEnum(IntEnum):
+    @classmethod
+    def parse(cls, value: int | str) -> Self:
+        """From an int, a digit string ("1") or a member name (any case).
+
+        Raises:
+            ProtocolError: the value names no member.
+        """
+        if isinstance(value, str):
+            text = value.strip()
+            if _DECIMAL.fullmatch(text):
+                return cls._from_int(int(text))
+            member = cls.__members__.get(text.upper())
+            if member is None:
+                raise ProtocolError(f"{cls.__name__}: unknown name {value!r}")
+            return member
+        if isinstance(value, bool):
+            raise ProtocolError(f"{cls.__name__}: a boolean is not a valid value")
+        return cls._from_int(value)
+
+    @classmethod
+    def _from_int(cls, value: int) -> Self:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ProtocolError(f"{cls.__name__}: unknown value {value}") from None
+
+
+class MessageModel(_LenientEnum):
+    BROADCASTING = 0
+    CLUSTERING = 1
+
+
+class ConsumeType(_LenientEnum):
+    CONSUME_ACTIVELY = 0  # pull consumer
+    CONSUME_PASSIVELY = 1  # push consumer
+
+
+class ConsumeFromWhere(_LenientEnum):
+    CONSUME_FROM_LAST_OFFSET = 0
+    CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST = 1  # deprecated in Java
+    CONSUME_FROM_MIN_OFFSET = 2  # deprecated in Java
+    CONSUME_FROM_MAX_OFFSET = 3  # deprecated in Java
+    CONSUME_FROM_FIRST_OFFSET = 4
+    CONSUME_FROM_TIMESTAMP = 5
