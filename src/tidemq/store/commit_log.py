@@ -1,0 +1,191 @@
+"""The commit log: every record of the broker, appended in order to mapped segments.
+
+    commitlog/00000000000000000000
+    +----------+----------+-----+----------+---------------------------+
+    | record 0 | record 1 | ... | record k | blank marker | (unused)   |
+    +----------+----------+-----+----------+---------------------------+
+                                             remaining:i32 BLANK_MAGIC
+    commitlog/<segment size as 20 digits>
+    +----------+-----
+    | record   | ...
+
+Records are `protocol.record` bytes (remoting.md §5.1), and carry their own physical offset.
+When a record plus the 8-byte marker does not fit in what is left of a segment, the marker is
+written and the record goes to the start of the next segment, so a record never spans segments
+and the marker is always there to say "continue in the next file".
+
+`LogScanner` walks the log from an offset, checking every record's CRC, and stops at the first
+thing that is neither a valid record nor a valid blank marker: that offset is the log's end.
+Recovery, `verify` and `dump` all use it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from tidemq.errors import CorruptRecordError
+from tidemq.protocol import record as rec
+from tidemq.store.mapped_file import MappedFile, MappedFileQueue
+
+logger = logging.getLogger(__name__)
+
+
+class CommitLog:
+    def __init__(self, directory: Path, file_size: int, *, read_only: bool = False):
+        self.file_size = file_size
+        self.files = MappedFileQueue(directory, file_size, read_only=read_only)
+
+    def load(self) -> None:
+        self.files.load()
+
+    @property
+    def min_offset(self) -> int:
+        return self.files.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.files.max_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        files = self.files.files
+        flushed = files[0].start_offset if files else 0
+        for mf in files:
+            if mf.flushed == 0:
+                break
+            flushed = mf.start_offset + mf.flushed
+            if mf.flushed < mf.size:
+                break
+        return flushed
+
+    def append(self, size: int, encode: Callable[[int], bytes]) -> tuple[int, bytes]:
+        """Append the record of `size` bytes that `encode(physical_offset)` makes.
+
+        Rolls to a new segment (after a blank marker) when it does not fit. The caller has
+        checked `size + BLANK_MARKER_SIZE <= file_size`.
+        """
+        assert size + rec.BLANK_MARKER_SIZE <= self.file_size
+        mf = self.files.last_file()
+        if mf is None:
+            mf = self.files.create_file(0)
+        elif mf.remaining < size + rec.BLANK_MARKER_SIZE:
+            if mf.remaining >= rec.BLANK_MARKER_SIZE:
+                mf.append(rec.encode_blank_marker(mf.remaining))
+            # The marker stands for the whole rest of the segment.
+            mf.wrote = mf.size
+            mf = self.files.create_file(mf.end_offset)
+        physical_offset = mf.start_offset + mf.wrote
+        data = encode(physical_offset)
+        assert len(data) == size
+        mf.append(data)
+        return physical_offset, data
+
+    def _file_for(self, physical_offset: int) -> MappedFile | None:
+        mf = self.files.find_file(physical_offset)
+        if mf is None or physical_offset - mf.start_offset >= mf.wrote:
+            return None
+        return mf
+
+    def read(self, physical_offset: int, size: int) -> bytes | None:
+        """`size` bytes at `physical_offset`, or None if they are not (all) in one segment."""
+        mf = self._file_for(physical_offset)
+        if mf is None:
+            return None
+        pos = physical_offset - mf.start_offset
+        if pos + size > mf.wrote:
+            return None
+        return mf.read(pos, size)
+
+    def read_record(self, physical_offset: int) -> bytes | None:
+        """The CRC-checked record at `physical_offset`; None if absent or not a valid record."""
+        mf = self._file_for(physical_offset)
+        if mf is None:
+            return None
+        pos = physical_offset - mf.start_offset
+        try:
+            size = rec.check_record(mf.mm, pos)
+        except CorruptRecordError as exc:
+            logger.error("no valid record at physical offset %d: %s", physical_offset, exc)
+            return None
+        if pos + size > mf.wrote:
+            return None
+        return mf.read(pos, size)
+
+    def read_raw(self, physical_offset: int, size_max: int) -> bytes:
+        """Log bytes from `physical_offset` to the end of its segment's data, at most size_max."""
+        mf = self._file_for(physical_offset)
+        if mf is None:
+            return b""
+        pos = physical_offset - mf.start_offset
+        return mf.read(pos, min(size_max, mf.wrote - pos))
+
+    def flush(self) -> int:
+        """msync up to the current end; returns the flushed physical offset."""
+        self.files.flush()
+        return self.flushed_offset
+
+    def truncate(self, offset: int) -> int:
+        deleted = self.files.truncate(offset)
+        last = self.files.last_file()
+        if last is not None and last.end_offset <= offset:
+            last.wrote = last.flushed = last.size
+        return deleted
+
+    def close(self) -> None:
+        self.files.close()
+
+
+class LogScanner:
+    """Iterates valid records from `start`; afterwards `end_offset` and `stop_reason` say where
+    and why it stopped ("end" for a clean end: zeros after the last record or no more files)."""
+
+    def __init__(self, log: CommitLog, start: int):
+        self.log = log
+        self.start = start
+        self.end_offset = start
+        self.stop_reason = "end"
+
+    def records(self) -> Iterator[rec.StoredMessage]:
+        files = [mf for mf in self.log.files.files if mf.end_offset > self.start]
+        if not files:
+            self.end_offset = max(self.start, self.log.files.max_offset)
+            return
+        offset = max(self.start, files[0].start_offset)
+        for index, mf in enumerate(files):
+            if mf.start_offset != offset:
+                self._stop(offset, f"segment {mf.path.name} does not start at {offset}")
+                return
+            pos = offset - mf.start_offset
+            while True:
+                if pos + rec.BLANK_MARKER_SIZE > mf.size:
+                    self._stop(offset, "segment ends without a blank marker")
+                    return
+                size, magic = rec.record_head_at(mf.mm, pos)
+                if magic == rec.BLANK_MAGIC and size == mf.size - pos:
+                    if index + 1 == len(files):
+                        # Log ends with a marker: the end is the marker (rewritten on append).
+                        self._stop(offset, "end")
+                        return
+                    offset = mf.end_offset
+                    break
+                if size == 0 and magic == 0:
+                    self._stop(offset, "end")
+                    return
+                try:
+                    message = rec.decode_record(mf.mm, pos, require_crc=True)
+                except CorruptRecordError as exc:
+                    self._stop(offset, str(exc))
+                    return
+                if message.physical_offset != offset:
+                    self._stop(offset, f"record claims offset {message.physical_offset}")
+                    return
+                yield message
+                pos += size
+                offset += size
+        self._stop(offset, "end")
+
+    def _stop(self, offset: int, reason: str) -> None:
+        self.end_offset = offset
+        self.stop_reason = reason

@@ -1,0 +1,61 @@
+"""StoreConfig: the knobs of one FileMessageStore, validated at construction."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidemq.limits import (
+    COMMIT_LOG_FILE_SIZE_DEFAULT,
+    CONSUME_QUEUE_FILE_ENTRIES_DEFAULT,
+    MESSAGE_BODY_SIZE_MAX,
+)
+
+
+class FlushDiskType(enum.Enum):
+    """RocketMQ flushDiskType. The store only reports; the broker's FlushService acts on it."""
+
+    ASYNC_FLUSH = "ASYNC_FLUSH"
+    SYNC_FLUSH = "SYNC_FLUSH"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    root_dir: Path
+    # Segment size of the commit log (RocketMQ mapedFileSizeCommitLog).
+    commit_log_file_size: int = COMMIT_LOG_FILE_SIZE_DEFAULT
+    # Entries per consume-queue file (20 bytes each).
+    consume_queue_file_entries: int = CONSUME_QUEUE_FILE_ENTRIES_DEFAULT
+    flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
+    # Commit-log segments untouched for this long are deleted (RocketMQ fileReservedTime).
+    file_reserved_time_hours: float = 72.0
+    # Local hour of day at which expired segments are deleted (RocketMQ deleteWhen).
+    delete_when_hour: int = 4
+    # Above this disk usage puts are refused and expired files deleted at any hour.
+    disk_max_used_space_ratio_percent: int = 75
+    # Largest body accepted (RocketMQ maxMessageSize).
+    message_size_max: int = MESSAGE_BODY_SIZE_MAX
+    # Hash slots and entries per index file: 40 + 4 * slots + 20 * entries bytes (~8.4 MiB).
+    index_slot_count: int = 100_000
+    index_entry_count: int = 400_000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root_dir", Path(self.root_dir))
+        if self.commit_log_file_size < 4096:
+            raise ValueError(f"commit_log_file_size {self.commit_log_file_size} < 4096 bytes")
+        if self.commit_log_file_size > 2**31 - 1:
+            # The blank marker and record sizes are int32.
+            raise ValueError(f"commit_log_file_size {self.commit_log_file_size} >= 2 GiB")
+        if self.consume_queue_file_entries < 1:
+            raise ValueError("consume_queue_file_entries must be >= 1")
+        if self.file_reserved_time_hours <= 0:
+            raise ValueError("file_reserved_time_hours must be > 0")
+        if not 0 <= self.delete_when_hour <= 23:
+            raise ValueError(f"delete_when_hour {self.delete_when_hour} outside 0..23")
+        if not 0 <= self.disk_max_used_space_ratio_percent <= 100:
+            raise ValueError("disk_max_used_space_ratio_percent outside 0..100")
+        if self.message_size_max < 1:
+            raise ValueError("message_size_max must be >= 1")
+        if self.index_slot_count < 1 or self.index_entry_count < 2:
+            raise ValueError("index_slot_count must be >= 1 and index_entry_count >= 2")

@@ -1,0 +1,243 @@
+"""Consume queues: per (topic, queue id), the index from queue offset to commit-log record.
+
+    consumequeue/<topic>/<queueId>/<20-digit start byte offset>   (entries_per_file * 20 bytes)
+
+    entry n (at byte 20 * n):
+    +---------------------------+--------------+---------------------------+
+    | physical offset: int64    | size: int32  | tags code: int64          |
+    +---------------------------+--------------+---------------------------+
+
+The queue offset is the entry index; `max_offset` is the entry count (the next offset to write).
+A zero entry (size 0) is unused: files are preallocated with zeros, so on load the end is the
+first zero entry after the first used one. `min_offset` is the first entry whose record is still
+in the commit log; it moves up when old segments are deleted.
+
+Entries are written at the index the record itself names (its QUEUEOFFSET), which makes
+re-dispatching a record during recovery idempotent.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import shutil
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+from tidemq.limits import CONSUME_QUEUE_ENTRY_SIZE
+from tidemq.store.mapped_file import MappedFile, MappedFileQueue
+
+logger = logging.getLogger(__name__)
+
+CONSUME_QUEUE_ENTRY: Final = struct.Struct(">qiq")  # physical offset, size, tags code
+assert CONSUME_QUEUE_ENTRY.size == CONSUME_QUEUE_ENTRY_SIZE == 20
+_ENTRY = CONSUME_QUEUE_ENTRY_SIZE
+
+
+class PutAt(enum.Enum):
+    APPENDED = "appended"  # new entry at the end
+    PRESENT = "present"  # the same entry was already there
+    REPLACED = "replaced"  # a different entry was overwritten
+    GAP = "gap"  # written past the end, leaving unused entries before it
+    BELOW = "below"  # before the first file: not written
+    STARTED = "started"  # first entry of an empty queue, at an offset above 0
+
+
+class ConsumeQueue:
+    def __init__(
+        self,
+        root: Path,
+        topic: str,
+        queue_id: int,
+        entries_per_file: int,
+        *,
+        read_only: bool = False,
+    ):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = root / topic / str(queue_id)
+        self.files = MappedFileQueue(self.directory, entries_per_file * _ENTRY, read_only=read_only)
+        self._min_index = 0
+        self._max_index = 0
+
+    # --- load -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        self.files.load()
+        files = self.files.files
+        if not files:
+            return
+        first_used = self._first_used(files[0])
+        if first_used is None and len(files) == 1:
+            self._min_index = self._max_index = files[0].start_offset // _ENTRY
+            files[0].wrote = files[0].flushed = 0
+            return
+        self._min_index = (files[0].start_offset + (first_used or 0) * _ENTRY) // _ENTRY
+        last = files[-1]
+        start = (first_used or 0) if len(files) == 1 else 0
+        end = self._first_unused(last, start)
+        last.wrote = last.flushed = end * _ENTRY
+        self._max_index = (last.start_offset + end * _ENTRY) // _ENTRY
+
+    @staticmethod
+    def _first_used(mf: MappedFile) -> int | None:
+        for n, (_phys, size, _tags) in enumerate(CONSUME_QUEUE_ENTRY.iter_unpack(mf.mm)):
+            if size:
+                return n
+        return None
+
+    @staticmethod
+    def _first_unused(mf: MappedFile, start: int) -> int:
+        view = memoryview(mf.mm)[start * _ENTRY :]
+        try:
+            for n, (_phys, size, _tags) in enumerate(CONSUME_QUEUE_ENTRY.iter_unpack(view)):
+                if size == 0:
+                    return start + n
+        finally:
+            view.release()
+        return mf.size // _ENTRY
+
+    # --- offsets ------------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        return self._min_index
+
+    @property
+    def max_offset(self) -> int:
+        return self._max_index
+
+    # --- write --------------------------------------------------------------------------------
+
+    def _file_for_index(self, index: int, *, create: bool) -> MappedFile | None:
+        byte_offset = index * _ENTRY
+        mf = self.files.find_file(byte_offset)
+        if mf is not None or not create or byte_offset < self.files.min_offset:
+            return mf
+        file_size = self.files.file_size
+        last = self.files.last_file()
+        if last is None:
+            start = byte_offset - byte_offset % file_size
+            self._min_index = index
+            return self.files.create_file(start)
+        while True:
+            last.wrote = last.size
+            last = self.files.create_file(last.end_offset)
+            if last.end_offset > byte_offset:
+                return last
+
+    def put_at(self, index: int, physical_offset: int, size: int, tags_code: int) -> PutAt:
+        """Write the entry for queue offset `index`."""
+        assert size > 0
+        entry = CONSUME_QUEUE_ENTRY.pack(physical_offset, size, tags_code)
+        was_empty = self._max_index == self._min_index and not self.files.files
+        mf = self._file_for_index(index, create=True)
+        if mf is None:
+            return PutAt.BELOW
+        pos = index * _ENTRY - mf.start_offset
+        if index < self._max_index:
+            if mf.read(pos, _ENTRY) == entry:
+                return PutAt.PRESENT
+            mf.write_at(pos, entry)
+            return PutAt.REPLACED
+        if was_empty:
+            outcome = PutAt.STARTED if index > 0 else PutAt.APPENDED
+        else:
+            outcome = PutAt.APPENDED if index == self._max_index else PutAt.GAP
+        if mf.wrote > pos:  # a gap inside this file was left zero; keep `wrote` monotonic
+            mf.write_at(pos, entry)
+        else:
+            mf.wrote = pos
+            mf.append(entry)
+        self._max_index = index + 1
+        if was_empty:
+            self._min_index = index
+        return outcome
+
+    # --- read ---------------------------------------------------------------------------------
+
+    def get(self, index: int) -> tuple[int, int, int] | None:
+        """(physical offset, size, tags code) at `index`, None if outside or unused."""
+        if not self._min_index <= index < self._max_index:
+            return None
+        mf = self.files.find_file(index * _ENTRY)
+        if mf is None:
+            return None
+        phys, size, tags = CONSUME_QUEUE_ENTRY.unpack_from(mf.mm, index * _ENTRY - mf.start_offset)
+        if size <= 0:
+            return None
+        return phys, size, tags
+
+    def entries(self, start: int, count: int) -> Iterator[tuple[int, int, int, int]]:
+        """(index, physical offset, size, tags code) from `start`, at most `count` indexes."""
+        index = max(start, self._min_index)
+        stop = min(self._max_index, start + count)
+        while index < stop:
+            mf = self.files.find_file(index * _ENTRY)
+            if mf is None:
+                index += 1
+                continue
+            first = index * _ENTRY - mf.start_offset
+            last = min(mf.size, (stop * _ENTRY) - mf.start_offset)
+            for phys, size, tags in CONSUME_QUEUE_ENTRY.iter_unpack(mf.read(first, last - first)):
+                if size > 0:
+                    yield index, phys, size, tags
+                index += 1
+
+    # --- maintenance --------------------------------------------------------------------------
+
+    def truncate_physical(self, log_end: int) -> int:
+        """Drop trailing entries whose record starts at or after `log_end`; returns how many."""
+        dropped = 0
+        while self._max_index > self._min_index:
+            index = self._max_index - 1
+            mf = self.files.find_file(index * _ENTRY)
+            assert mf is not None
+            phys, size, _tags = CONSUME_QUEUE_ENTRY.unpack_from(
+                mf.mm, index * _ENTRY - mf.start_offset
+            )
+            if size and phys < log_end:
+                break
+            self._max_index = index
+            dropped += 1
+        if dropped:
+            self.files.truncate(self._max_index * _ENTRY)
+            if self._max_index == self._min_index:
+                self.files.destroy()
+        return dropped
+
+    def delete_below_physical(self, log_min: int) -> int:
+        """Forget entries whose record is below `log_min`; returns CQ files deleted."""
+        files = self.files.files
+        deletable = 0
+        for mf in files[:-1]:
+            last_index = mf.end_offset // _ENTRY - 1
+            entry = CONSUME_QUEUE_ENTRY.unpack_from(mf.mm, mf.size - _ENTRY)
+            if entry[1] and entry[0] >= log_min and last_index < self._max_index:
+                break
+            deletable += 1
+        removed = self.files.delete_first(deletable)
+        self.correct_min(log_min)
+        return removed
+
+    def correct_min(self, log_min: int) -> None:
+        """Move `min_offset` to the first entry whose record starts at or after `log_min`."""
+        index = max(self._min_index, self.files.min_offset // _ENTRY)
+        while index < self._max_index:
+            entry = self.get(index)
+            if entry is not None and entry[0] >= log_min:
+                break
+            index += 1
+        self._min_index = index
+
+    def flush(self) -> None:
+        self.files.flush()
+
+    def close(self) -> None:
+        self.files.close()
+
+    def destroy(self) -> None:
+        self.files.destroy()
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,41 @@
+"""What dispatch derives from a record's properties: index keys and the consume-queue tags code.
+
+Shared by the put path and recovery, so a record re-dispatched after a crash yields exactly the
+entries it got when it was put.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from tidemq.protocol import message as props
+
+logger = logging.getLogger(__name__)
+
+# Kept in the record when a put names a tags code other than the TAGS hash (e.g. a delay
+# topic's deliver time), so re-dispatch after a crash restores the same consume-queue entry.
+TAGS_CODE_PROPERTY: Final = "__TAGSCODE#"
+
+
+def index_keys(properties: dict[str, str]) -> list[str]:
+    keys = [k for k in properties.get(props.KEYS, "").split(" ") if k]
+    uniq = properties.get(props.UNIQ_KEY)
+    if uniq and uniq not in keys:
+        keys.append(uniq)
+    return keys
+
+
+def tags_code_of(properties: dict[str, str]) -> int:
+    explicit = properties.get(TAGS_CODE_PROPERTY)
+    if explicit is not None:
+        try:
+            return int(explicit)
+        except ValueError:
+            logger.warning("ignoring malformed %s=%r", TAGS_CODE_PROPERTY, explicit)
+    return props.tag_code(properties.get(props.TAGS))
+
+
+def strip_property(text: str, name: str) -> str:
+    kept = [f for f in text.split("\x02") if f and not f.startswith(name + "\x01")]
+    return "".join(f + "\x02" for f in kept)

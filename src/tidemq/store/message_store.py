@@ -1,0 +1,597 @@
+"""FileMessageStore: the commit log, consume queues, key index and checkpoint under one root.
+
+    <root_dir>/
+      commitlog/<20-digit start offset>            records (commit_log.py)
+      consumequeue/<topic>/<queueId>/<20 digits>   20-byte entries (consume_queue.py)
+      index/<20 digits>                            key hash files (index.py)
+      checkpoint                                   flushed offsets (checkpoint.py)
+      abort                                        exists while running: its presence at start
+                                                   means the last stop was not clean
+
+One thread (the broker's event loop) calls put/get; a flush thread calls `flush()`. A put
+appends the record and dispatches it at once (consume-queue entry, index entries, listeners),
+so a record is readable as soon as put returns. Durability is the flush's business: the broker
+waits for `flushed_physical_offset` (SYNC_FLUSH) or flushes periodically (ASYNC_FLUSH).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+from tidemq.clock import Clock
+from tidemq.errors import CorruptRecordError, ProtocolError
+from tidemq.limits import (
+    MESSAGE_PROPERTIES_SIZE_MAX,
+    PULL_BYTES_MAX,
+    PULL_MESSAGE_COUNT_MAX,
+    TOPIC_NAME_LENGTH_MAX,
+)
+from tidemq.protocol import message as props
+from tidemq.protocol import record as rec
+from tidemq.store import dispatch as dsp
+from tidemq.store.checkpoint import Checkpoint, CheckpointFile, read_checkpoint
+from tidemq.store.commit_log import CommitLog
+from tidemq.store.config import StoreConfig
+from tidemq.store.consume_queue import ConsumeQueue, PutAt
+from tidemq.store.index import IndexService
+from tidemq.store.recovery import NeedFullRebuild, RecoveryReport, recover
+from tidemq.store.types import (
+    DispatchEvent,
+    GetResult,
+    GetStatus,
+    MessageToStore,
+    PutResult,
+    PutStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+# Transaction type bits of sysFlag (§6.1): PREPARED and ROLLBACK records get no CQ entry.
+_TX_MASK: Final = props.SysFlag.TRANSACTION_MASK
+_TX_PREPARED: Final = props.SysFlag.PREPARED
+_TX_ROLLBACK: Final = props.SysFlag.ROLLBACK
+# A filtered pull reads at most this many consume-queue entries (RocketMQ maxFilterMessageCount).
+GET_SCAN_ENTRIES_MAX: Final = 16_000
+# Disk usage is measured at most this often (a statvfs per put would be wasteful).
+DISK_CHECK_INTERVAL_MS: Final = 1_000
+# query_by_key reads this many extra candidates, for hash collisions and stale entries.
+QUERY_CANDIDATES_EXTRA: Final = 64
+_STORE_TIMESTAMP: Final = struct.Struct(">q")
+
+DiskUsageProbe = Callable[[Path], float]
+
+
+def _measure_disk_usage(path: Path) -> float:
+    usage = shutil.disk_usage(path)
+    return 100.0 * usage.used / usage.total if usage.total else 0.0
+
+
+class FileMessageStore:
+    def __init__(
+        self,
+        config: StoreConfig,
+        clock: Clock,
+        *,
+        disk_usage_probe: DiskUsageProbe | None = None,
+    ):
+        self.config = config
+        self.clock = clock
+        root = config.root_dir
+        self._log = CommitLog(root / "commitlog", config.commit_log_file_size)
+        self._cq_root = root / "consumequeue"
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._index = IndexService(
+            root / "index", config.index_slot_count, config.index_entry_count
+        )
+        self._checkpoint: CheckpointFile | None = None
+        self._listeners: list[Callable[[DispatchEvent], None]] = []
+        self._probe = disk_usage_probe or _measure_disk_usage
+        self._disk_ratio = 0.0
+        self._disk_checked_ms: float | None = None
+        self._dispatched_offset = 0
+        self._running = False
+        # Held by flush and by anything that closes or deletes mapped files.
+        self._flush_lock = threading.Lock()
+        # Guards the consume-queue table against the flush thread iterating it.
+        self._table_lock = threading.Lock()
+        self.last_recovery: RecoveryReport | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def _abort_path(self) -> Path:
+        return self.config.root_dir / "abort"
+
+    def start(self) -> None:
+        assert not self._running
+        root = self.config.root_dir
+        root.mkdir(parents=True, exist_ok=True)
+        clean_stop = not self._abort_path.exists()
+        checkpoint = read_checkpoint(root / "checkpoint")
+        self._log.load()
+        cq_dir_lost = bool(self._log.files.files) and not self._cq_root.is_dir()
+        self._load_queues()
+        index_ok = self._index.load()
+        full = checkpoint is None or cq_dir_lost or not index_ok
+        if cq_dir_lost:
+            logger.warning("consumequeue directory missing: rebuilding it from the commit log")
+        while True:
+            if full:
+                self._index.destroy_all()
+            try:
+                self.last_recovery = recover(
+                    log=self._log,
+                    checkpoint=checkpoint,
+                    clean_stop=clean_stop,
+                    full=full,
+                    dispatch=self._redispatch,
+                    queues=lambda: list(self._queues.values()),
+                )
+                break
+            except NeedFullRebuild as exc:
+                logger.warning("partial recovery not enough (%s): full rebuild", exc)
+                full = True
+                if exc.started_queue is not None:
+                    self._queues.pop(exc.started_queue).destroy()
+        self._dispatched_offset = self._log.max_offset
+        self._checkpoint = CheckpointFile(root / "checkpoint")
+        self._running = True
+        self.flush()
+        self._abort_path.touch()
+
+    def shutdown(self) -> None:
+        if not self._running:
+            return
+        self.flush()
+        self._running = False
+        with self._flush_lock:
+            for cq in self._queues.values():
+                cq.close()
+            self._index.close()
+            self._log.close()
+            if self._checkpoint is not None:
+                self._checkpoint.close()
+        self._abort_path.unlink(missing_ok=True)
+
+    def _load_queues(self) -> None:
+        if not self._cq_root.is_dir():
+            return
+        for topic_dir in sorted(self._cq_root.iterdir()):
+            if not topic_dir.is_dir():
+                continue
+            for qdir in sorted(topic_dir.iterdir()):
+                if not (qdir.is_dir() and qdir.name.isdigit()):
+                    continue
+                cq = self._new_queue(topic_dir.name, int(qdir.name))
+                cq.load()
+                self._queues[(cq.topic, cq.queue_id)] = cq
+
+    def _new_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        return ConsumeQueue(self._cq_root, topic, queue_id, self.config.consume_queue_file_entries)
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self._queues.get((topic, queue_id))
+        if cq is None:
+            cq = self._new_queue(topic, queue_id)
+            with self._table_lock:
+                self._queues[(topic, queue_id)] = cq
+        return cq
+
+    # --- dispatch -----------------------------------------------------------------------------
+
+    def add_dispatch_listener(self, fn: Callable[[DispatchEvent], None]) -> None:
+        self._listeners.append(fn)
+
+    def _dispatch(
+        self,
+        *,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        physical_offset: int,
+        size: int,
+        sys_flag: int,
+        tags_code: int,
+        store_timestamp: int,
+        properties: dict[str, str],
+        index_it: bool,
+    ) -> PutAt | None:
+        """Consume-queue entry and index entries for one record (put and recovery alike)."""
+        tx = sys_flag & _TX_MASK
+        outcome = None
+        if tx not in (_TX_PREPARED, _TX_ROLLBACK):
+            outcome = self._queue(topic, queue_id).put_at(
+                queue_offset, physical_offset, size, tags_code
+            )
+        if index_it and tx != _TX_ROLLBACK:
+            for key in dsp.index_keys(properties):
+                self._index.put(f"{topic}#{key}", physical_offset, store_timestamp)
+        return outcome
+
+    def _redispatch(self, message: rec.StoredMessage, index_it: bool) -> PutAt | None:
+        properties = props.decode_properties(message.properties)
+        return self._dispatch(
+            topic=message.topic,
+            queue_id=message.queue_id,
+            queue_offset=message.queue_offset,
+            physical_offset=message.physical_offset,
+            size=message.total_size,
+            sys_flag=message.sys_flag,
+            tags_code=dsp.tags_code_of(properties),
+            store_timestamp=message.store_timestamp,
+            properties=properties,
+            index_it=index_it,
+        )
+
+    # --- put ----------------------------------------------------------------------------------
+
+    def put_message(self, msg: MessageToStore) -> PutResult:
+        return self.put_messages([msg])[0]
+
+    def put_messages(self, msgs: Sequence[MessageToStore]) -> list[PutResult]:
+        """Append messages of one topic and queue with consecutive queue offsets.
+
+        Every check that can refuse (state, disk, sizes, hosts) runs before the first append,
+        so a batch is refused whole or appended whole (barring an I/O error mid-way).
+        """
+        if not msgs:
+            return []
+        refusal = self._check_writable()
+        prepared: list[tuple[MessageToStore, str, dict[str, str], int, int]] = []
+        for msg in msgs:
+            if refusal is not None:
+                break
+            if (msg.topic, msg.queue_id) != (msgs[0].topic, msgs[0].queue_id):
+                refusal = PutResult(PutStatus.MESSAGE_ILLEGAL, error="batch mixes queues")
+                break
+            checked = self._check_message(msg)
+            if isinstance(checked, PutResult):
+                refusal = checked
+                break
+            prepared.append(checked)
+        if refusal is not None:
+            return [refusal] * len(msgs)
+        results: list[PutResult] = []
+        for msg, text, properties, tags_code, size in prepared:
+            try:
+                results.append(self._append(msg, text, properties, tags_code, size))
+            except OSError as exc:
+                status = (
+                    PutStatus.SERVICE_NOT_AVAILABLE
+                    if exc.errno == errno.ENOSPC
+                    else PutStatus.UNKNOWN_ERROR
+                )
+                logger.exception("commit-log append failed")
+                failed = PutResult(status, error=f"append failed: {exc}")
+                results.extend([failed] * (len(prepared) - len(results)))
+                break
+        return results
+
+    def _check_writable(self) -> PutResult | None:
+        if not self._running:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error="store is not running")
+        ratio = self.disk_usage_ratio_percent()
+        limit = self.config.disk_max_used_space_ratio_percent
+        if ratio > limit:
+            return PutResult(
+                PutStatus.SERVICE_NOT_AVAILABLE,
+                error=f"disk usage {ratio:.0f}% exceeds diskMaxUsedSpaceRatio {limit}%",
+            )
+        return None
+
+    def _check_message(
+        self, msg: MessageToStore
+    ) -> PutResult | tuple[MessageToStore, str, dict[str, str], int, int]:
+        def illegal(text: str) -> PutResult:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=text)
+
+        topic_len = len(msg.topic.encode())
+        if not 0 < topic_len <= TOPIC_NAME_LENGTH_MAX:
+            return illegal(f"topic length {topic_len} outside 1..{TOPIC_NAME_LENGTH_MAX}")
+        if len(msg.body) > self.config.message_size_max:
+            return illegal(f"body {len(msg.body)} bytes exceeds {self.config.message_size_max}")
+        try:
+            rec.pack_ipv4(msg.born_host[0])
+            rec.pack_ipv4(msg.store_host[0])
+        except ProtocolError as exc:
+            return illegal(str(exc))
+        text = msg.properties
+        if dsp.TAGS_CODE_PROPERTY in text:
+            text = dsp.strip_property(text, dsp.TAGS_CODE_PROPERTY)
+        properties = props.decode_properties(text)
+        tags_code = props.tag_code(properties.get(props.TAGS))
+        if msg.tags_code is not None and msg.tags_code != tags_code:
+            if text and not text.endswith("\x02"):
+                text += "\x02"
+            text += f"{dsp.TAGS_CODE_PROPERTY}\x01{msg.tags_code}\x02"
+            tags_code = msg.tags_code
+        props_size = rec.encoded_properties_size(text)
+        if props_size > MESSAGE_PROPERTIES_SIZE_MAX:
+            return PutResult(
+                PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                error=f"properties {props_size} bytes exceed {MESSAGE_PROPERTIES_SIZE_MAX}",
+            )
+        size = rec.RECORD_FIXED_SIZE + len(msg.body) + topic_len + props_size
+        if size + rec.BLANK_MARKER_SIZE > self.config.commit_log_file_size:
+            return illegal(f"record of {size} bytes does not fit a commit-log segment")
+        return msg, text, properties, tags_code, size
+
+    def _append(
+        self, msg: MessageToStore, text: str, properties: dict[str, str], tags_code: int, size: int
+    ) -> PutResult:
+        store_ts = msg.store_timestamp if msg.store_timestamp is not None else self.clock.now_ms()
+        in_queue = msg.sys_flag & _TX_MASK not in (_TX_PREPARED, _TX_ROLLBACK)
+        queue_offset = self._queue(msg.topic, msg.queue_id).max_offset if in_queue else 0
+
+        def encode(physical_offset: int) -> bytes:
+            return rec.encode_record(
+                topic=msg.topic,
+                queue_id=msg.queue_id,
+                body=msg.body,
+                flag=msg.flag,
+                properties=text,
+                sys_flag=msg.sys_flag,
+                born_timestamp=msg.born_timestamp,
+                born_host=msg.born_host,
+                store_timestamp=store_ts,
+                store_host=msg.store_host,
+                reconsume_times=msg.reconsume_times,
+                prepared_transaction_offset=msg.prepared_transaction_offset,
+                queue_offset=queue_offset,
+                physical_offset=physical_offset,
+            )
+
+        physical_offset, _data = self._log.append(size, encode)
+        self._dispatch(
+            topic=msg.topic,
+            queue_id=msg.queue_id,
+            queue_offset=queue_offset,
+            physical_offset=physical_offset,
+            size=size,
+            sys_flag=msg.sys_flag,
+            tags_code=tags_code,
+            store_timestamp=store_ts,
+            properties=properties,
+            index_it=True,
+        )
+        self._dispatched_offset = physical_offset + size
+        if in_queue and self._listeners:
+            event = DispatchEvent(
+                topic=msg.topic,
+                queue_id=msg.queue_id,
+                queue_offset=queue_offset,
+                physical_offset=physical_offset,
+                size=size,
+                tags_code=tags_code,
+                store_timestamp=store_ts,
+                properties=properties,
+            )
+            for listener in list(self._listeners):
+                try:
+                    listener(event)
+                except Exception:
+                    logger.exception("dispatch listener %r failed", listener)
+        return PutResult(PutStatus.PUT_OK, physical_offset, queue_offset, size, store_ts)
+
+    # --- get ----------------------------------------------------------------------------------
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        *,
+        max_bytes: int = PULL_BYTES_MAX,
+        tag_codes: frozenset[int] | None = None,
+        message_filter: Callable[[rec.StoredMessage], bool] | None = None,
+    ) -> GetResult:
+        cq = self._queues.get((topic, queue_id))
+        if cq is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE)
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], hi, lo, hi)
+        max_count = max(1, min(max_count, PULL_MESSAGE_COUNT_MAX))
+        records: list[bytes] = []
+        total = 0
+        next_offset = offset
+        removing = False
+        log_min = self._log.min_offset
+        for index, phys, size, tags in cq.entries(offset, GET_SCAN_ENTRIES_MAX):
+            if len(records) >= max_count or (records and total + size > max_bytes):
+                break
+            next_offset = index + 1
+            if phys < log_min:
+                removing = True
+                continue
+            if tag_codes is not None and tags not in tag_codes:
+                continue
+            data = self._log.read(phys, size)
+            try:
+                if data is None:
+                    raise CorruptRecordError(f"no record of {size} bytes at {phys}")
+                rec.check_record(data)
+                if message_filter is not None and not message_filter(rec.decode_record(data)):
+                    continue
+            except CorruptRecordError as exc:
+                logger.error("%s/%d offset %d not served: %s", topic, queue_id, index, exc)
+                continue
+            records.append(data)
+            total += size
+        else:
+            next_offset = min(offset + GET_SCAN_ENTRIES_MAX, hi)
+        if records:
+            status = GetStatus.FOUND
+        elif removing:
+            status = GetStatus.MESSAGE_WAS_REMOVING
+        else:
+            status = GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, records, next_offset, lo, hi)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return cq.min_offset if (cq := self._queues.get((topic, queue_id))) else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return cq.max_offset if (cq := self._queues.get((topic, queue_id))) else 0
+
+    def store_time_at(self, topic: str, queue_id: int, offset: int) -> int | None:
+        cq = self._queues.get((topic, queue_id))
+        entry = cq.get(offset) if cq is not None else None
+        if entry is None:
+            return None
+        data = self._log.read(entry[0] + rec.STORE_TIMESTAMP_POS, _STORE_TIMESTAMP.size)
+        if data is None:
+            return None
+        value: int = _STORE_TIMESTAMP.unpack(data)[0]
+        return value
+
+    def earliest_store_time(self, topic: str, queue_id: int) -> int:
+        ts = self.store_time_at(topic, queue_id, self.min_offset(topic, queue_id))
+        return -1 if ts is None else ts
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The offset whose store time equals `timestamp_ms` (the first such), else the nearer
+        neighbour (the earlier on a tie); the first/last offset outside the range; 0 if the
+        queue is unknown or empty."""
+        cq = self._queues.get((topic, queue_id))
+        if cq is None or cq.max_offset <= cq.min_offset:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset  # find the first offset with time >= target
+
+        def time_at(offset: int) -> int:
+            ts = self.store_time_at(topic, queue_id, offset)
+            return ts if ts is not None else -1
+
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if time_at(mid) < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == cq.max_offset:
+            return cq.max_offset - 1
+        if lo == cq.min_offset or time_at(lo) == timestamp_ms:
+            return lo
+        before, after = time_at(lo - 1), time_at(lo)
+        return lo if after - timestamp_ms < timestamp_ms - before else lo - 1
+
+    # --- lookups ------------------------------------------------------------------------------
+
+    def read_record(self, physical_offset: int) -> bytes | None:
+        return self._log.read_record(physical_offset)
+
+    def read_raw(self, physical_offset: int, size_max: int) -> bytes:
+        return self._log.read_raw(physical_offset, size_max)
+
+    def query_by_key(
+        self, topic: str, key: str, max_count: int, begin_ms: int, end_ms: int
+    ) -> list[bytes]:
+        """Records of `topic` whose KEYS words or UNIQ_KEY equal `key`, newest first."""
+        candidates = self._index.query(
+            f"{topic}#{key}", max_count + QUERY_CANDIDATES_EXTRA, begin_ms, end_ms
+        )
+        found: list[bytes] = []
+        seen: set[int] = set()
+        for phys in candidates:
+            if len(found) >= max_count:
+                break
+            if phys in seen or phys < self._log.min_offset:
+                continue
+            seen.add(phys)
+            data = self._log.read_record(phys)
+            if data is None:
+                continue
+            message = rec.decode_record(data)
+            if message.topic != topic or not begin_ms <= message.store_timestamp <= end_ms:
+                continue
+            if key in dsp.index_keys(props.decode_properties(message.properties)):
+                found.append(data)
+        return found
+
+    def topics_and_queues(self) -> dict[str, list[int]]:
+        result: dict[str, list[int]] = {}
+        for topic, queue_id in sorted(self._queues):
+            result.setdefault(topic, []).append(queue_id)
+        return result
+
+    def delete_topic(self, topic: str) -> None:
+        with self._flush_lock, self._table_lock:
+            for key in [k for k in self._queues if k[0] == topic]:
+                self._queues.pop(key).destroy()
+        shutil.rmtree(self._cq_root / topic, ignore_errors=True)
+
+    # --- durability ---------------------------------------------------------------------------
+
+    @property
+    def max_physical_offset(self) -> int:
+        return self._log.max_offset
+
+    @property
+    def flushed_physical_offset(self) -> int:
+        return self._log.flushed_offset
+
+    def flush(self) -> int:
+        """msync the commit log, consume queues and index; write the checkpoint."""
+        with self._flush_lock:
+            if not self._running:
+                return self._log.flushed_offset
+            dispatched = self._dispatched_offset
+            log_flushed = self._log.flush()
+            with self._table_lock:
+                queues = list(self._queues.values())
+            for cq in queues:
+                cq.flush()
+            self._index.flush()
+            if self._checkpoint is not None:
+                self._checkpoint.write(
+                    Checkpoint(log_flushed, min(dispatched, log_flushed), self.clock.now_ms())
+                )
+            return log_flushed
+
+    # --- retention and disk guard -------------------------------------------------------------
+
+    def disk_usage_ratio_percent(self) -> float:
+        now = self.clock.monotonic_ms()
+        if self._disk_checked_ms is None or now - self._disk_checked_ms >= DISK_CHECK_INTERVAL_MS:
+            self._disk_ratio = self._probe(self.config.root_dir)
+            self._disk_checked_ms = now
+        return self._disk_ratio
+
+    def clean_expired_files(self, now_ms: int, force: bool = False) -> int:
+        """Delete expired commit-log segments, then what points below the new minimum."""
+        over = self.disk_usage_ratio_percent() > self.config.disk_max_used_space_ratio_percent
+        hour = time.localtime(now_ms / 1000).tm_hour
+        if not (force or over or hour == self.config.delete_when_hour):
+            return 0
+        reserved_ms = self.config.file_reserved_time_hours * 3_600_000
+        expired = 0
+        for mf in self._log.files.files[:-1]:  # never the segment being written
+            if mf.path.stat().st_mtime_ns // 1_000_000 + reserved_ms > now_ms:
+                break
+            expired += 1
+        if not expired:
+            return 0
+        with self._flush_lock:
+            removed = self._log.files.delete_first(expired)
+            log_min = self._log.min_offset
+            for cq in list(self._queues.values()):
+                removed += cq.delete_below_physical(log_min)
+            removed += self._index.delete_below(log_min)
+        logger.info("retention removed %d files; commit log now starts at %d", removed, log_min)
+        self._disk_checked_ms = None
+        return removed

@@ -1,0 +1,3 @@
+from store_helpers import opener
+
+__all__ = ["opener"]
