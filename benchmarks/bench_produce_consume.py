@@ -50,16 +50,33 @@ def free_port() -> int:
 def dev_server(data_dir: Path, flush: str) -> Iterator[str]:
     namesrv_port, broker_port = free_port(), free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tidemq.cli.main", "--log-level", "WARNING", "dev",
-         "--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port),
-         "--data-dir", str(data_dir), "--set", f"flushDiskType={flush}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "tidemq.cli.main",
+            "--log-level",
+            "WARNING",
+            "dev",
+            "--namesrv-port",
+            str(namesrv_port),
+            "--broker-port",
+            str(broker_port),
+            "--data-dir",
+            str(data_dir),
+            "--set",
+            f"flushDiskType={flush}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 20
     try:
         for port in (namesrv_port, broker_port):
             while True:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), 0.2),
+                ):
                     break
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"tidemq dev did not start: {process.stderr.read()!r}")  # type: ignore[union-attr]
@@ -136,7 +153,9 @@ async def case_sync(producer: Producer, topic: str, count: int, body: bytes) -> 
     return count / (time.perf_counter() - start)
 
 
-async def case_pipelined(producer: Producer, topic: str, count: int, body: bytes, window: int) -> float:
+async def case_pipelined(
+    producer: Producer, topic: str, count: int, body: bytes, window: int
+) -> float:
     semaphore = asyncio.Semaphore(window)
 
     async def one() -> None:
@@ -153,7 +172,9 @@ async def case_pipelined(producer: Producer, topic: str, count: int, body: bytes
     return count / (time.perf_counter() - start)
 
 
-async def case_batched(producer: Producer, topic: str, count: int, body: bytes, batch: int) -> float:
+async def case_batched(
+    producer: Producer, topic: str, count: int, body: bytes, batch: int
+) -> float:
     window = 8
     semaphore = asyncio.Semaphore(window)
 
@@ -216,8 +237,10 @@ async def run(args: argparse.Namespace) -> None:
             finally:
                 await producer.shutdown()
             consume = await case_consume(namesrv, "BenchPipe", n_pipe + 1)
-    print(f"TideMQ produce/consume, 1 KiB bodies, flushDiskType={args.flush}, "
-          f"window={args.window}, batch={args.batch}, python {sys.version.split()[0]}")
+    print(
+        f"TideMQ produce/consume, 1 KiB bodies, flushDiskType={args.flush}, "
+        f"window={args.window}, batch={args.batch}, python {sys.version.split()[0]}"
+    )
     print(line("reference ping-pong", ping_pong, None, ""))
     print(line("reference stream", stream, None, ""))
     print(line("reference disk append", disk, None, ""))
@@ -228,7 +251,9 @@ async def run(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--flush", default="ASYNC_FLUSH", choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--batch", type=int, default=64)

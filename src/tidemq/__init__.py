@@ -1,3 +1,72 @@
-"""TideMQ: Apache RocketMQ's architecture and wire protocol, in Python."""
+"""TideMQ: Apache RocketMQ's architecture and wire protocol, in Python.
+
+The public client API lives here; everything else is reached through its subpackage.
+
+    async with Producer("PG", "127.0.0.1:9876") as producer:
+        result = await producer.send(Message("TopicA", b"hello", tags="TagA"))
+"""
+
+from tidemq.client.admin import Admin
+from tidemq.client.blocking import BlockingAdmin, BlockingProducer, BlockingPullConsumer
+from tidemq.client.consumer import PushConsumer
+from tidemq.client.instance import ClientInstance
+from tidemq.client.message import (
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    ConsumeOrderlyStatus,
+    ConsumeResult,
+    Message,
+    MessageExt,
+    MessageModel,
+    MessageQueue,
+    PullResult,
+    PullStatus,
+    SendResult,
+    SendStatus,
+)
+from tidemq.client.producer import Producer
+from tidemq.client.pull_consumer import PullConsumer
+from tidemq.errors import (
+    BrokerError,
+    ClientClosedError,
+    ClientError,
+    ConnectionClosedError,
+    NoRouteError,
+    ProtocolError,
+    QueueError,
+    RequestTimeoutError,
+)
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Admin",
+    "BlockingAdmin",
+    "BlockingProducer",
+    "BlockingPullConsumer",
+    "BrokerError",
+    "ClientClosedError",
+    "ClientError",
+    "ClientInstance",
+    "ConnectionClosedError",
+    "ConsumeConcurrentlyStatus",
+    "ConsumeFromWhere",
+    "ConsumeOrderlyStatus",
+    "ConsumeResult",
+    "Message",
+    "MessageExt",
+    "MessageModel",
+    "MessageQueue",
+    "NoRouteError",
+    "Producer",
+    "ProtocolError",
+    "PullConsumer",
+    "PullResult",
+    "PullStatus",
+    "PushConsumer",
+    "QueueError",
+    "RequestTimeoutError",
+    "SendResult",
+    "SendStatus",
+    "__version__",
+]

@@ -1,4 +1,4 @@
-"""The frame codec: round trips, every split of the byte stream, real clients' headers, bad input."""
+"""The frame codec: round trips, every split of the stream, real clients' headers, bad input."""
 
 from __future__ import annotations
 
@@ -21,9 +21,7 @@ from tidemq.protocol.frame import (
     encode,
 )
 
-_text = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20
-)
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)
 commands = st.builds(
     RemotingCommand,
     code=st.integers(-(2**15), 2**15 - 1),
@@ -89,8 +87,14 @@ def test_cpp_request_header_with_numbers_and_trailing_newline() -> None:
 
 def test_ali_ons_booleans_become_text_and_nulls_are_dropped() -> None:
     header = orjson.dumps(
-        {"code": 310, "language": "JAVA", "opaque": 1, "flag": 0, "version": 121,
-         "extFields": {"k": False, "m": True, "e": 2, "n": None}}
+        {
+            "code": 310,
+            "language": "JAVA",
+            "opaque": 1,
+            "flag": 0,
+            "version": 121,
+            "extFields": {"k": False, "m": True, "e": 2, "n": None},
+        }
     )
     [command] = FrameDecoder().feed(_frame_with_header(header))
     assert command.ext_fields == {"k": "false", "m": "true", "e": "2"}
@@ -101,7 +105,8 @@ def test_response_keeps_opaque_and_serialisation_and_sets_the_response_bit() -> 
     response = request.response(0, {"msgId": "X"})
     assert response.opaque == 42
     assert response.flag == FLAG_RESPONSE
-    assert response.is_response and not response.is_oneway
+    assert response.is_response
+    assert not response.is_oneway
     assert response.serialize_type is SerializeType.ROCKETMQ
 
 

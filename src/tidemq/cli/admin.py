@@ -25,8 +25,10 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
 
     def with_namesrv(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         parser.add_argument(
-            "-n", "--namesrv-addr", default=namesrv_default,
-            help=f"name server(s), ';'-separated (default {namesrv_default}, or TIDEMQ_NAMESRV_ADDR)",
+            "-n",
+            "--namesrv-addr",
+            default=namesrv_default,
+            help=f"name servers, ';'-separated (default {namesrv_default})",
         )
         return parser
 
@@ -40,7 +42,9 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
     create.add_argument("-b", "--broker-addr", help="only this broker")
     create.add_argument("--order", action="store_true", help="an ordered topic")
     create.set_defaults(run=run_topic_create)
-    listing = with_namesrv(topic_actions.add_parser("list", help="every topic the name server knows"))
+    listing = with_namesrv(
+        topic_actions.add_parser("list", help="every topic the name server knows")
+    )
     listing.set_defaults(run=run_topic_list)
     route = with_namesrv(topic_actions.add_parser("route", help="brokers and queues of a topic"))
     route.add_argument("-t", "--topic", required=True)
@@ -68,10 +72,17 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
     consume.add_argument("-g", "--group", default="TIDEMQ_CLI_CONSUMER")
     consume.add_argument("-e", "--expression", default="*", help="tag expression, e.g. 'A || B'")
     consume.add_argument("-c", "--count", type=int, default=None, help="stop after this many")
-    consume.add_argument("--from-beginning", action="store_true",
-                         help="start at the earliest offset instead of the group's committed one")
-    consume.add_argument("--wait-seconds", type=float, default=3.0,
-                         help="stop when nothing new arrives for this long")
+    consume.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="start at the earliest offset instead of the group's committed one",
+    )
+    consume.add_argument(
+        "--wait-seconds",
+        type=float,
+        default=3.0,
+        help="stop when nothing new arrives for this long",
+    )
     consume.set_defaults(run=run_consume)
 
     message = verb("message", "look messages up")
@@ -114,9 +125,13 @@ def run_topic_create(args: argparse.Namespace) -> int:
     try:
         with _admin(args) as admin:
             addrs = admin.create_topic(
-                args.topic, cluster=args.cluster, broker_addr=args.broker_addr,
-                read_queue_nums=args.queues, write_queue_nums=args.queues,
-                perm=args.perm, order=args.order,
+                args.topic,
+                cluster=args.cluster,
+                broker_addr=args.broker_addr,
+                read_queue_nums=args.queues,
+                write_queue_nums=args.queues,
+                perm=args.perm,
+                order=args.order,
             )
     except QueueError as error:
         return _fail(error)
@@ -144,9 +159,18 @@ def run_topic_route(args: argparse.Namespace) -> int:
     rows = [["BROKER", "ADDRESSES", "READ", "WRITE", "PERM"]]
     addresses = {b.broker_name: b.broker_addrs for b in route.broker_datas}
     for queue in sorted(route.queue_datas, key=lambda q: q.broker_name):
-        addrs = ",".join(f"{i}={a}" for i, a in sorted(addresses.get(queue.broker_name, {}).items()))
-        rows.append([queue.broker_name, addrs, str(queue.read_queue_nums),
-                     str(queue.write_queue_nums), str(queue.perm)])
+        addrs = ",".join(
+            f"{i}={a}" for i, a in sorted(addresses.get(queue.broker_name, {}).items())
+        )
+        rows.append(
+            [
+                queue.broker_name,
+                addrs,
+                str(queue.read_queue_nums),
+                str(queue.write_queue_nums),
+                str(queue.perm),
+            ]
+        )
     _table(rows)
     return 0
 
@@ -159,8 +183,15 @@ def run_topic_stats(args: argparse.Namespace) -> int:
         return _fail(error)
     rows = [["BROKER", "QUEUE", "MIN", "MAX", "LAST UPDATE"]]
     for queue, offset in stats.offset_table.items():
-        rows.append([queue.broker_name, str(queue.queue_id), str(offset.min_offset),
-                     str(offset.max_offset), _when(offset.last_update_timestamp)])
+        rows.append(
+            [
+                queue.broker_name,
+                str(queue.queue_id),
+                str(offset.min_offset),
+                str(offset.max_offset),
+                _when(offset.last_update_timestamp),
+            ]
+        )
     _table(rows)
     return 0
 
@@ -192,8 +223,10 @@ def run_send(args: argparse.Namespace) -> int:
             for _ in range(args.count):
                 result = producer.send(Message(args.topic, body, tags=args.tags, keys=keys))
                 queue = result.message_queue
-                print(f"{result.status.name} msgId={result.msg_id} offsetMsgId={result.offset_msg_id}"
-                      f" queue={queue.broker_name}:{queue.queue_id} offset={result.queue_offset}")
+                print(
+                    f"{result.status.name} msgId={result.msg_id} offsetMsgId={result.offset_msg_id}"
+                    f" queue={queue.broker_name}:{queue.queue_id} offset={result.queue_offset}"
+                )
     except QueueError as error:
         return _fail(error)
     return 0
@@ -210,7 +243,9 @@ def run_consume(args: argparse.Namespace) -> int:
             offsets = {}
             for queue in queues:
                 start = consumer.fetch_consumer_offset(queue)
-                offsets[queue] = consumer.min_offset(queue) if args.from_beginning or start < 0 else start
+                offsets[queue] = (
+                    consumer.min_offset(queue) if args.from_beginning or start < 0 else start
+                )
             idle_since = time.monotonic()
             while args.count is None or received < args.count:
                 progressed = False
@@ -240,8 +275,10 @@ def run_consume(args: argparse.Namespace) -> int:
 
 def _print_message(message: Any) -> None:
     body = message.body.decode("utf-8", errors="replace")
-    print(f"[{message.broker_name}:{message.queue_id}@{message.queue_offset}] "
-          f"msgId={message.msg_id} tags={message.tags or ''} keys={' '.join(message.keys)} {body}")
+    print(
+        f"[{message.broker_name}:{message.queue_id}@{message.queue_offset}] "
+        f"msgId={message.msg_id} tags={message.tags or ''} keys={' '.join(message.keys)} {body}"
+    )
 
 
 def run_message_query(args: argparse.Namespace) -> int:
@@ -275,8 +312,16 @@ def run_group_progress(args: argparse.Namespace) -> int:
     for queue, offset in stats.offset_table.items():
         lag = max(0, offset.broker_offset - max(offset.consumer_offset, 0))
         total += lag
-        rows.append([queue.topic, queue.broker_name, str(queue.queue_id), str(offset.broker_offset),
-                     str(offset.consumer_offset), str(lag)])
+        rows.append(
+            [
+                queue.topic,
+                queue.broker_name,
+                str(queue.queue_id),
+                str(offset.broker_offset),
+                str(offset.consumer_offset),
+                str(lag),
+            ]
+        )
     _table(rows)
     print(f"total lag: {total}")
     return 0

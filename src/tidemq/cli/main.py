@@ -1,8 +1,8 @@
 """`tidemq` entry point: parses the command line and hands off to one verb module.
 
-    tidemq namesrv | broker | dev                  server processes (cli/servers.py)
-    tidemq topic | cluster | send | consume | message | group    admin verbs (cli/admin.py)
-    tidemq store verify|dump DIR                   offline store tools (cli/store.py)
+tidemq namesrv | broker | dev                  server processes (cli/servers.py)
+tidemq topic | cluster | send | consume | message | group    admin verbs (cli/admin.py)
+tidemq store verify|dump DIR                   offline store tools (cli/store.py)
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     servers.add_parsers(verbs)
-    admin.add_parsers(verbs, namesrv_default=os.environ.get("TIDEMQ_NAMESRV_ADDR", NAMESRV_ADDR_DEFAULT))
+    admin.add_parsers(
+        verbs, namesrv_default=os.environ.get("TIDEMQ_NAMESRV_ADDR", NAMESRV_ADDR_DEFAULT)
+    )
     store.add_parsers(verbs)
     return parser
 

@@ -44,7 +44,10 @@ def add_parsers(verbs: Any) -> None:
     dev.add_argument("--broker-port", type=int, default=10911)
     dev.add_argument("--data-dir", type=Path, default=Path("data"))
     dev.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="any broker.conf key, e.g. --set flushDiskType=SYNC_FLUSH",
     )
     dev.set_defaults(run=run_dev)
@@ -56,7 +59,10 @@ def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, help="store root (storePathRootDir)")
     parser.add_argument("--broker-name", help="brokerName")
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="any broker.conf key; flags win over the file and the environment",
     )
 
@@ -141,12 +147,16 @@ def run_dev(args: argparse.Namespace) -> int:
     install_uvloop()
     clock = SystemClock()
     namesrv = NamesrvApp(
-        NamesrvConfig(listen_port=args.namesrv_port, kv_config_path=data_dir / "namesrv" / "kvConfig.json"),
+        NamesrvConfig(
+            listen_port=args.namesrv_port, kv_config_path=data_dir / "namesrv" / "kvConfig.json"
+        ),
         clock,
     )
     log.info(
         "tidemq dev: name server 127.0.0.1:%d, broker 127.0.0.1:%d, data in %s",
-        args.namesrv_port, args.broker_port, data_dir,
+        args.namesrv_port,
+        args.broker_port,
+        data_dir,
     )
     asyncio.run(_serve(namesrv, BrokerApp(config, clock)))
     return 0

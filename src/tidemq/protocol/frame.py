@@ -296,7 +296,9 @@ class FrameDecoder:
             if total < 4:
                 raise ProtocolError(f"frame length {total} is below the minimum of 4")
             if total > self._frame_size_max:
-                raise ProtocolError(f"frame length {total} exceeds the limit {self._frame_size_max}")
+                raise ProtocolError(
+                    f"frame length {total} exceeds the limit {self._frame_size_max}"
+                )
             end = position + 4 + total
             if end > available:
                 break
