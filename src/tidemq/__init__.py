@@ -6,6 +6,7 @@ The public client API lives here; everything else is reached through its subpack
         result = await producer.send(Message("TopicA", b"hello", tags="TagA"))
 """
 
+from tidemq._version import __version__
 from tidemq.client.admin import Admin
 from tidemq.client.blocking import BlockingAdmin, BlockingProducer, BlockingPullConsumer
 from tidemq.client.consumer import PushConsumer
@@ -36,8 +37,6 @@ from tidemq.errors import (
     QueueError,
     RequestTimeoutError,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Admin",

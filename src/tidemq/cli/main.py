@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tidemq import __version__
+from tidemq._version import __version__
 from tidemq.cli import admin, servers, store
 
 NAMESRV_ADDR_DEFAULT = "127.0.0.1:9876"

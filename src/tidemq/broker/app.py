@@ -1,0 +1,257 @@
+"""BrokerApp: the broker's composition root: builds every part, wires, starts and stops them.
+
+    start:  store (recover) ─▶ topic / group / offset tables (load) ─▶ pull hold, flush service
+            ─▶ handler table ─▶ RemotingServer (listenPort, and listenPort-2 for the VIP channel)
+            ─▶ address known (port 0 → the bound port) ─▶ register with name servers
+            ─▶ periodic services: offset persistence, client expiry, file cleanup
+    stop:   the reverse: unregister, release held pulls, close the server, stop the services,
+            final flush, persist offsets, shut the store (removes `abort`: a clean stop)
+
+Parts receive exactly what they use; nothing here is a service locator, and no part reaches into
+another's state. The store is synchronous and runs on the event-loop thread, except the flush,
+which the FlushService runs in a worker thread (the store makes flush safe against appends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from tidemq.broker.clients import ClientRegistry, ConsumerIdsNotifier, QueueLockTable
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.flush import FlushService
+from tidemq.broker.groups import SubscriptionGroupTable
+from tidemq.broker.handlers.admin import AdminHandlers
+from tidemq.broker.handlers.client import ClientHandlers
+from tidemq.broker.handlers.common import BrokerAddress
+from tidemq.broker.handlers.offsets import OffsetHandlers
+from tidemq.broker.handlers.pull import PullHandler
+from tidemq.broker.handlers.query import QueryHandlers
+from tidemq.broker.handlers.send import SendHandler
+from tidemq.broker.offsets import ConsumerOffsetTable
+from tidemq.broker.pull_hold import PullHoldService
+from tidemq.broker.registration import RegistrationService
+from tidemq.broker.service import PeriodicService
+from tidemq.broker.topics import TopicTable
+from tidemq.clock import Clock
+from tidemq.remoting.client import RemotingClient
+from tidemq.remoting.handlers import HandlerTable
+from tidemq.remoting.server import RemotingServer
+from tidemq.store.config import FlushDiskType, StoreConfig
+from tidemq.store.message_store import DiskUsageProbe, FileMessageStore
+
+log = logging.getLogger(__name__)
+
+CONFIG_DIR = "config"
+# How often silent client registrations are looked for (RocketMQ scans every 10 s).
+CLIENT_SCAN_INTERVAL_MS = 10_000
+
+
+class BrokerApp:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        clock: Clock,
+        *,
+        disk_usage_probe: DiskUsageProbe | None = None,
+    ) -> None:
+        """`disk_usage_probe` replaces the store's disk measurement (tests of a full disk)."""
+        self.config = config
+        self.clock = clock
+        self.advertised = BrokerAddress(config.broker_ip, config.listen_port)
+        root = Path(config.store_path_root_dir)
+        config_dir = root / CONFIG_DIR
+        self.store = FileMessageStore(
+            StoreConfig(
+                root_dir=root,
+                commit_log_file_size=config.commit_log_file_size,
+                consume_queue_file_entries=config.consume_queue_file_entries,
+                flush_disk_type=FlushDiskType(config.flush_disk_type),
+                file_reserved_time_hours=config.file_reserved_time_hours,
+                delete_when_hour=config.delete_when_hours[0],
+                disk_max_used_space_ratio_percent=config.disk_max_used_space_ratio_percent,
+                message_size_max=config.max_message_size,
+            ),
+            clock,
+            disk_usage_probe=disk_usage_probe,
+        )
+        self.topics = TopicTable(
+            config_dir,
+            clock,
+            cluster_name=config.broker_cluster_name,
+            broker_name=config.broker_name,
+            auto_create_topic_enable=config.auto_create_topic_enable,
+            default_topic_queue_nums=config.default_topic_queue_nums,
+        )
+        self.groups = SubscriptionGroupTable(
+            config_dir, clock, auto_create=config.auto_create_subscription_group
+        )
+        self.offsets = ConsumerOffsetTable(config_dir)
+        self._notifier = ConsumerIdsNotifier()
+        self.clients = ClientRegistry(
+            clock, expiry_ms=config.client_expiry_ms, on_consumer_ids_changed=self._notifier
+        )
+        self.locks = QueueLockTable(clock)
+        self.pull_hold = PullHoldService(long_polling=config.long_polling_enable)
+        self._namesrv_client: RemotingClient | None = None
+        self._server: RemotingServer | None = None
+        self.flush: FlushService | None = None
+        self.registration: RegistrationService | None = None
+        self._periodic: list[PeriodicService] = []
+        self._started = False
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The bound client port (the real one when listenPort is 0)."""
+        assert self._server is not None, "broker not started"
+        return self._server.port
+
+    @property
+    def ports(self) -> list[int]:
+        assert self._server is not None, "broker not started"
+        return self._server.ports
+
+    @property
+    def address(self) -> str:
+        """ "ip:port" as clients dial it and name servers publish it."""
+        return self.advertised.text
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        assert not self._started, "broker already started"
+        config = self.config
+        log.info(
+            "starting broker %s (cluster %s, id %d) on %s",
+            config.broker_name,
+            config.broker_cluster_name,
+            config.broker_id,
+            config.store_path_root_dir,
+        )
+        # Recovery may scan a lot of log: keep the loop responsive (nothing else runs yet).
+        await asyncio.to_thread(self.store.start)
+        try:
+            await self._start_services()
+        except BaseException:
+            await self._stop_services()
+            self.store.shutdown()
+            raise
+        self._started = True
+        log.info("broker %s serving at %s", config.broker_name, self.advertised.text)
+
+    async def _start_services(self) -> None:
+        config = self.config
+        self.topics.load()
+        self.topics.persist()
+        self.groups.load()
+        self.offsets.load()
+        self.pull_hold.start()
+        self.store.add_dispatch_listener(self.pull_hold.on_dispatch)
+        self.flush = FlushService(
+            self.store.flush,
+            sync=config.flush_disk_type == "SYNC_FLUSH",
+            interval_ms=config.flush_interval_ms,
+            sync_timeout_ms=config.sync_flush_timeout_ms,
+        )
+        self.flush.start()
+        handlers = self._handler_table(self.flush)
+        vip = config.vip_port
+        self._server = RemotingServer(
+            handlers,
+            config.listen_host,
+            config.listen_port,
+            name=f"broker-{config.broker_name}",
+            idle_timeout_ms=config.client_expiry_ms,
+            extra_ports=[vip] if vip is not None else [],
+            clock=self.clock,
+        )
+        await self._server.start()
+        self.advertised.port = self._server.port
+        self._namesrv_client = RemotingClient(clock=self.clock)
+        self.registration = RegistrationService(
+            config, self.advertised, self.topics, self._namesrv_client
+        )
+        await self.registration.register_all()
+        self.registration.start()
+        self._periodic = [
+            PeriodicService(
+                "consumer-offset-persist",
+                config.consumer_offset_persist_interval_ms,
+                self.offsets.persist_if_dirty,
+            ),
+            PeriodicService("client-expiry", CLIENT_SCAN_INTERVAL_MS, self.clients.expire),
+            PeriodicService("file-cleanup", config.cleanup_interval_ms, self._clean_files),
+        ]
+        for service in self._periodic:
+            service.start()
+
+    def _handler_table(self, flush: FlushService) -> HandlerTable:
+        table = HandlerTable()
+        SendHandler(
+            self.config, self.advertised, self.store, self.topics, self.groups, flush
+        ).register(table)
+        PullHandler(
+            self.config,
+            self.store,
+            self.topics,
+            self.groups,
+            self.offsets,
+            self.clients,
+            self.pull_hold,
+        ).register(table)
+        OffsetHandlers(self.store, self.offsets).register(table)
+        ClientHandlers(self.clock, self.clients, self.locks, self.groups, self.topics).register(
+            table
+        )
+        AdminHandlers(
+            self.config,
+            self.advertised,
+            self.clock,
+            self.store,
+            self.topics,
+            self.offsets,
+            self.clients,
+        ).register(table)
+        QueryHandlers(self.store, self.clock).register(table)
+        return table
+
+    def _clean_files(self) -> None:
+        now_ms = self.clock.now_ms()
+        # The store knows one deletion hour; deleteWhen may list several ("04;16").
+        hour = time.localtime(now_ms / 1000).tm_hour
+        self.store.clean_expired_files(now_ms, force=hour in self.config.delete_when_hours)
+
+    async def stop(self) -> None:
+        """Stop everything in reverse order; safe to call once after start."""
+        if not self._started:
+            return
+        self._started = False
+        log.info("stopping broker %s", self.config.broker_name)
+        await self._stop_services()
+        self.store.shutdown()
+        log.info("broker %s stopped", self.config.broker_name)
+
+    async def _stop_services(self) -> None:
+        if self.registration is not None:
+            await self.registration.stop()
+            if self._server is not None and self._server.ports:
+                await self.registration.unregister_all()
+        await self.pull_hold.stop()
+        if self._server is not None:
+            await self._server.stop()
+        await self._notifier.stop()
+        for service in reversed(self._periodic):
+            await service.stop()
+        self._periodic = []
+        if self.flush is not None:
+            await self.flush.stop()
+        try:
+            self.offsets.persist()
+        except OSError:
+            log.exception("could not persist consumer offsets at shutdown")
+        if self._namesrv_client is not None:
+            await self._namesrv_client.close()

@@ -1,0 +1,556 @@
+"""BrokerConfig: the broker's settings, and the loader that reads RocketMQ-style broker.conf files.
+
+Users arrive with Java properties files using RocketMQ's camelCase keys (brokerName, namesrvAddr,
+flushDiskType, ...). Those keys are accepted at the edge and mapped onto one frozen dataclass whose
+field names carry their units (`flush_interval_ms`, `file_reserved_time_hours`).
+
+Sources are layered, later wins:
+
+    1. defaults in BrokerConfig (RocketMQ 4.9.7's defaults)
+    2. the broker.conf file        key=value, '#'/'!' comments, RocketMQ key names
+    3. the environment             TIDEMQ_<KEY IN UPPER SNAKE CASE>, e.g. TIDEMQ_BROKER_NAME,
+                                   TIDEMQ_NAMESRV_ADDR, TIDEMQ_LISTEN_PORT. RocketMQ's own
+                                   NAMESRV_ADDR is honoured too (below TIDEMQ_NAMESRV_ADDR).
+    4. overrides (CLI flags)       keyed by RocketMQ key or by field name
+
+An unknown key is logged as a warning and ignored (many RocketMQ keys tune JVM thread pools that
+have no meaning here). A value that does not parse raises ConfigError naming the key and value.
+`render_config` prints the effective values back as broker.conf lines (`--print-config`, and the
+generator of conf/broker.example.conf).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from tidemq.broker.properties import parse_properties
+from tidemq.errors import QueueError
+from tidemq.limits import (
+    BROKER_REGISTER_INTERVAL_MS,
+    CLIENT_EXPIRY_MS,
+    COMMIT_LOG_FILE_SIZE_DEFAULT,
+    CONSUME_QUEUE_ENTRY_SIZE,
+    CONSUME_QUEUE_FILE_ENTRIES_DEFAULT,
+    MESSAGE_BODY_SIZE_MAX,
+)
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX: Final = "TIDEMQ_"
+FLUSH_DISK_TYPES: Final = ("ASYNC_FLUSH", "SYNC_FLUSH")
+BROKER_ROLES: Final = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+# The VIP channel listens on listenPort minus this (RocketMQ: 10911 → 10909).
+VIP_CHANNEL_PORT_OFFSET: Final = 2
+_DELETE_WHEN = re.compile(r"^\d{1,2}(;\d{1,2})*$")
+_PERM_ALL: Final = 0xF
+
+
+class ConfigError(QueueError, ValueError):
+    """A configuration value or combination that the broker cannot run with."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Every broker setting. Sizes are bytes unless the name says otherwise."""
+
+    broker_cluster_name: str = "DefaultCluster"
+    broker_name: str = "broker-a"
+    broker_id: int = 0
+    broker_role: str = "ASYNC_MASTER"
+    namesrv_addrs: tuple[str, ...] = ()
+    # Address the listener binds; broker_ip is what clients are told to dial.
+    listen_host: str = "0.0.0.0"
+    listen_port: int = 10911
+    vip_channel_enabled: bool = True
+    # Advertised IPv4 (C++ clients dial AF_INET only). 127.0.0.1 suits a single-host dev setup.
+    broker_ip: str = "127.0.0.1"
+    store_path_root_dir: Path = field(default_factory=lambda: Path.home() / "store")
+    flush_disk_type: str = "ASYNC_FLUSH"
+    commit_log_file_size: int = COMMIT_LOG_FILE_SIZE_DEFAULT
+    consume_queue_file_entries: int = CONSUME_QUEUE_FILE_ENTRIES_DEFAULT
+    auto_create_topic_enable: bool = True
+    default_topic_queue_nums: int = 8
+    auto_create_subscription_group: bool = True
+    long_polling_enable: bool = True
+    short_polling_ms: int = 1_000
+    flush_interval_ms: int = 500
+    sync_flush_timeout_ms: int = 5_000
+    consumer_offset_persist_interval_ms: int = 5_000
+    register_interval_ms: int = BROKER_REGISTER_INTERVAL_MS
+    register_timeout_ms: int = 6_000
+    client_expiry_ms: int = CLIENT_EXPIRY_MS
+    cleanup_interval_ms: int = 10_000
+    file_reserved_time_hours: float = 72.0
+    delete_when: str = "04"
+    disk_max_used_space_ratio_percent: int = 75
+    max_message_size: int = MESSAGE_BODY_SIZE_MAX
+    broker_permission: int = 6
+    reject_transaction_message: bool = False
+    transaction_timeout_ms: int = 6_000
+    transaction_check_max: int = 15
+    transaction_check_interval_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        def bad(key: str, value: object, why: str) -> ConfigError:
+            return ConfigError(f"{key}={value!r}: {why}")
+
+        if not self.broker_cluster_name:
+            raise bad("brokerClusterName", self.broker_cluster_name, "must not be empty")
+        if not self.broker_name:
+            raise bad("brokerName", self.broker_name, "must not be empty")
+        if self.broker_id < 0:
+            raise bad("brokerId", self.broker_id, "must be >= 0 (0 is the master)")
+        if self.broker_role not in BROKER_ROLES:
+            raise bad("brokerRole", self.broker_role, f"must be one of {', '.join(BROKER_ROLES)}")
+        if not 0 <= self.listen_port <= 65535:
+            raise bad("listenPort", self.listen_port, "must be a TCP port (0 picks a free one)")
+        if self.vip_channel_enabled and 0 < self.listen_port <= VIP_CHANNEL_PORT_OFFSET:
+            raise bad("listenPort", self.listen_port, "leaves no room for the VIP port (port-2)")
+        if self.flush_disk_type not in FLUSH_DISK_TYPES:
+            raise bad("flushDiskType", self.flush_disk_type, "must be ASYNC_FLUSH or SYNC_FLUSH")
+        if self.commit_log_file_size < 4096:
+            raise bad("mappedFileSizeCommitLog", self.commit_log_file_size, "must be >= 4096")
+        if self.commit_log_file_size > 2**31 - 1:
+            raise bad("mappedFileSizeCommitLog", self.commit_log_file_size, "must be < 2 GiB")
+        if self.max_message_size < 1:
+            raise bad("maxMessageSize", self.max_message_size, "must be >= 1")
+        if self.consume_queue_file_entries < 1:
+            raise bad("mappedFileSizeConsumeQueue", self.consume_queue_file_entries, "too small")
+        if not 1 <= self.default_topic_queue_nums <= 1024:
+            raise bad("defaultTopicQueueNums", self.default_topic_queue_nums, "must be 1..1024")
+        if not _DELETE_WHEN.match(self.delete_when) or any(
+            int(h) > 23 for h in self.delete_when.split(";")
+        ):
+            raise bad("deleteWhen", self.delete_when, "must be hours 00..23 joined by ';'")
+        if not 0 <= self.disk_max_used_space_ratio_percent <= 100:
+            # RocketMQ clamps to 10..95; 0 is allowed here so tests can simulate a full disk.
+            raise bad("diskMaxUsedSpaceRatio", self.disk_max_used_space_ratio_percent, "0..100")
+        if self.file_reserved_time_hours <= 0:
+            raise bad("fileReservedTime", self.file_reserved_time_hours, "must be > 0")
+        if not 0 <= self.broker_permission <= _PERM_ALL:
+            raise bad("brokerPermission", self.broker_permission, "must be 0..15")
+        for key, value in (
+            ("shortPollingTimeMills", self.short_polling_ms),
+            ("flushIntervalCommitLog", self.flush_interval_ms),
+            ("syncFlushTimeout", self.sync_flush_timeout_ms),
+            ("flushConsumerOffsetInterval", self.consumer_offset_persist_interval_ms),
+            ("registerNameServerPeriod", self.register_interval_ms),
+            ("registerBrokerTimeoutMills", self.register_timeout_ms),
+            ("channelExpiredTimeout", self.client_expiry_ms),
+            ("cleanResourceInterval", self.cleanup_interval_ms),
+            ("transactionTimeOut", self.transaction_timeout_ms),
+            ("transactionCheckInterval", self.transaction_check_interval_ms),
+        ):
+            if value <= 0:
+                raise bad(key, value, "must be > 0 ms")
+        if self.transaction_check_max < 0:
+            raise bad("transactionCheckMax", self.transaction_check_max, "must be >= 0")
+        for addr in self.namesrv_addrs:
+            _check_addr("namesrvAddr", addr)
+
+    @property
+    def vip_port(self) -> int | None:
+        """The VIP channel port, or None when disabled or when the main port is chosen at bind."""
+        if not self.vip_channel_enabled or self.listen_port == 0:
+            return None
+        return self.listen_port - VIP_CHANNEL_PORT_OFFSET
+
+    @property
+    def delete_when_hours(self) -> tuple[int, ...]:
+        return tuple(int(h) for h in self.delete_when.split(";"))
+
+    @property
+    def is_master(self) -> bool:
+        return self.broker_id == 0 and self.broker_role != "SLAVE"
+
+
+def _check_addr(key: str, addr: str) -> None:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(f"{key}={addr!r}: expected host:port")
+
+
+# ---------------------------------------------------------------------------------------------
+# Key table: RocketMQ key(s) → field, with parser, renderer and the comment for the example conf.
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _parse_int(text: str) -> int:
+    return int(text.strip().replace("_", ""), 10)
+
+
+def _parse_float(text: str) -> float:
+    return float(text.strip())
+
+
+def _parse_str(text: str) -> str:
+    return text.strip()
+
+
+def _parse_path(text: str) -> Path:
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError("empty path")
+    return Path(stripped).expanduser()
+
+
+def _parse_addrs(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(";") if part.strip())
+
+
+def _parse_upper(text: str) -> str:
+    return text.strip().upper()
+
+
+def _render_default(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _render_addrs(value: object) -> str:
+    assert isinstance(value, tuple)
+    return ";".join(value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    name: str  # the RocketMQ key, as rendered
+    field: str  # the BrokerConfig field
+    parse: Callable[[str], Any]
+    comment: str
+    aliases: tuple[str, ...] = ()
+    render: Callable[[object], str] = _render_default
+
+
+_KEYS: Final[tuple[_Key, ...]] = (
+    _Key("brokerClusterName", "broker_cluster_name", _parse_str, "Cluster this broker belongs to."),
+    _Key("brokerName", "broker_name", _parse_str, "Name shared by a master and its slaves."),
+    _Key("brokerId", "broker_id", _parse_int, "0 = master, >0 = slave."),
+    _Key("brokerRole", "broker_role", _parse_upper, "ASYNC_MASTER | SYNC_MASTER | SLAVE."),
+    _Key(
+        "namesrvAddr",
+        "namesrv_addrs",
+        _parse_addrs,
+        "Name servers, host:port separated by ';'. Empty: do not register.",
+        render=_render_addrs,
+    ),
+    _Key("listenHost", "listen_host", _parse_str, "Address to bind (TideMQ extension)."),
+    _Key("listenPort", "listen_port", _parse_int, "Client port; 0 picks a free port."),
+    _Key(
+        "vipChannelEnabled",
+        "vip_channel_enabled",
+        _parse_bool,
+        "Also listen on listenPort-2 (Java 4.4/4.5 clients send there by default).",
+    ),
+    _Key(
+        "brokerIP1",
+        "broker_ip",
+        _parse_str,
+        "IPv4 address advertised to clients and written into stored messages (storeHost).",
+    ),
+    _Key(
+        "storePathRootDir",
+        "store_path_root_dir",
+        _parse_path,
+        "Store directory: commitlog/, consumequeue/, index/, config/.",
+    ),
+    _Key(
+        "flushDiskType",
+        "flush_disk_type",
+        _parse_upper,
+        "ASYNC_FLUSH (flush every flushIntervalCommitLog) | SYNC_FLUSH (ack after fsync).",
+    ),
+    _Key(
+        "mappedFileSizeCommitLog",
+        "commit_log_file_size",
+        _parse_int,
+        "Bytes per commit-log segment file.",
+        aliases=("mapedFileSizeCommitLog",),
+    ),
+    _Key(
+        "autoCreateTopicEnable",
+        "auto_create_topic_enable",
+        _parse_bool,
+        "Create unknown topics on first send (registers TBW102; needed by the C++ client).",
+    ),
+    _Key(
+        "defaultTopicQueueNums",
+        "default_topic_queue_nums",
+        _parse_int,
+        "Queues of TBW102, the template for auto-created topics.",
+    ),
+    _Key(
+        "autoCreateSubscriptionGroup",
+        "auto_create_subscription_group",
+        _parse_bool,
+        "Create unknown consumer groups on first use.",
+    ),
+    _Key("longPollingEnable", "long_polling_enable", _parse_bool, "Hold empty pulls until data."),
+    _Key(
+        "shortPollingTimeMills",
+        "short_polling_ms",
+        _parse_int,
+        "Hold time (ms) of an empty pull when long polling is off.",
+    ),
+    _Key(
+        "flushIntervalCommitLog",
+        "flush_interval_ms",
+        _parse_int,
+        "ASYNC_FLUSH period (ms).",
+    ),
+    _Key(
+        "syncFlushTimeout",
+        "sync_flush_timeout_ms",
+        _parse_int,
+        "SYNC_FLUSH: answer FLUSH_DISK_TIMEOUT after this many ms (the message stays stored).",
+    ),
+    _Key(
+        "flushConsumerOffsetInterval",
+        "consumer_offset_persist_interval_ms",
+        _parse_int,
+        "Period (ms) for writing config/consumerOffset.json.",
+    ),
+    _Key(
+        "registerNameServerPeriod",
+        "register_interval_ms",
+        _parse_int,
+        "Period (ms) of re-registration with every name server.",
+    ),
+    _Key(
+        "registerBrokerTimeoutMills",
+        "register_timeout_ms",
+        _parse_int,
+        "Timeout (ms) of one REGISTER_BROKER request.",
+    ),
+    _Key(
+        "channelExpiredTimeout",
+        "client_expiry_ms",
+        _parse_int,
+        "Drop a producer/consumer registration after this many ms without a heartbeat.",
+    ),
+    _Key(
+        "cleanResourceInterval",
+        "cleanup_interval_ms",
+        _parse_int,
+        "Period (ms) of the expired-file check.",
+    ),
+    _Key(
+        "fileReservedTime",
+        "file_reserved_time_hours",
+        _parse_float,
+        "Hours a commit-log file is kept after its last write.",
+    ),
+    _Key("deleteWhen", "delete_when", _parse_str, "Hour(s) of day to delete expired files, 04;16."),
+    _Key(
+        "diskMaxUsedSpaceRatio",
+        "disk_max_used_space_ratio_percent",
+        _parse_int,
+        "Refuse writes (and delete early) above this disk usage, percent.",
+    ),
+    _Key("maxMessageSize", "max_message_size", _parse_int, "Largest message body, bytes."),
+    _Key(
+        "brokerPermission",
+        "broker_permission",
+        _parse_int,
+        "6 = read+write, 4 = read only, 2 = write only.",
+    ),
+    _Key(
+        "rejectTransactionMessage",
+        "reject_transaction_message",
+        _parse_bool,
+        "Refuse transactional (half) messages with NO_PERMISSION.",
+    ),
+    _Key(
+        "transactionTimeOut",
+        "transaction_timeout_ms",
+        _parse_int,
+        "A half message becomes eligible for check-back after this many ms.",
+    ),
+    _Key(
+        "transactionCheckMax",
+        "transaction_check_max",
+        _parse_int,
+        "Check-backs per half message before it is discarded.",
+    ),
+    _Key(
+        "transactionCheckInterval",
+        "transaction_check_interval_ms",
+        _parse_int,
+        "Period (ms) of the transaction check-back scan.",
+    ),
+)
+
+# Keys needing conversion or cross-checks rather than a plain field assignment.
+_SPECIAL_KEYS: Final = frozenset(
+    {"mappedFileSizeConsumeQueue", "mapedFileSizeConsumeQueue", "storePathCommitLog"}
+)
+
+_BY_KEY: Final[dict[str, _Key]] = {k.name: k for k in _KEYS} | {
+    alias: k for k in _KEYS for alias in k.aliases
+}
+_BY_FIELD: Final[dict[str, _Key]] = {k.field: k for k in _KEYS}
+assert set(_BY_FIELD) == {f.name for f in dataclasses.fields(BrokerConfig)} - {
+    "consume_queue_file_entries"
+}
+
+
+def _env_name(key: str) -> str:
+    return ENV_PREFIX + re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).upper()
+
+
+def load_broker_config(
+    path: str | Path | None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> BrokerConfig:
+    """Defaults, then the broker.conf at `path`, then `env`, then `overrides` (see module doc)."""
+    values: dict[str, Any] = {}
+    source_of: dict[str, str] = {}
+    if path is not None:
+        text = Path(path).read_text(encoding="utf-8")
+        for key, raw in parse_properties(text):
+            _apply(values, source_of, key, raw, f"{path}")
+    if env is not None:
+        # RocketMQ's own variable first, so TIDEMQ_NAMESRV_ADDR beats it.
+        if "NAMESRV_ADDR" in env:
+            _apply(values, source_of, "namesrvAddr", env["NAMESRV_ADDR"], "env NAMESRV_ADDR")
+        known_env = {_env_name(k): k for k in [*_BY_KEY, *_SPECIAL_KEYS]}
+        for env_name, env_value in env.items():
+            if not env_name.startswith(ENV_PREFIX):
+                continue
+            env_key = known_env.get(env_name)
+            if env_key is None:
+                # The environment is shared with the name server and tools: not an error here.
+                log.debug("environment variable %s is not a broker setting", env_name)
+                continue
+            _apply(values, source_of, env_key, env_value, f"env {env_name}")
+    if overrides is not None:
+        for name, value in overrides.items():
+            if name == "consume_queue_file_entries":
+                _set(values, source_of, name, value, "override", name)
+                continue
+            override_key = _BY_FIELD[name].name if name in _BY_FIELD else name
+            _apply(values, source_of, override_key, value, "override")
+    root = values.get("store_path_root_dir", BrokerConfig().store_path_root_dir)
+    commit_log_dir = values.pop("_store_path_commit_log", None)
+    if commit_log_dir is not None and Path(commit_log_dir) != Path(root) / "commitlog":
+        raise ConfigError(
+            f"storePathCommitLog={str(commit_log_dir)!r}: TideMQ keeps the commit log at "
+            f"<storePathRootDir>/commitlog ({Path(root) / 'commitlog'})"
+        )
+    try:
+        return BrokerConfig(**values)
+    except ConfigError as exc:
+        spec = _BY_KEY.get(str(exc).split("=", 1)[0])
+        where = source_of.get(spec.field) if spec is not None else None
+        if where is None:
+            raise
+        raise ConfigError(f"{exc} (from {where})") from None
+
+
+def _apply(
+    values: dict[str, Any], source_of: dict[str, str], key: str, raw: object, where: str
+) -> None:
+    if key in ("mappedFileSizeConsumeQueue", "mapedFileSizeConsumeQueue"):
+        size = _parse_value(key, raw, _parse_int, where)
+        if size < CONSUME_QUEUE_ENTRY_SIZE or size % CONSUME_QUEUE_ENTRY_SIZE:
+            raise ConfigError(
+                f"{key}={raw!r}: must be a positive multiple of {CONSUME_QUEUE_ENTRY_SIZE} "
+                f"(from {where})"
+            )
+        values["consume_queue_file_entries"] = size // CONSUME_QUEUE_ENTRY_SIZE
+        source_of["consume_queue_file_entries"] = where
+        return
+    if key == "storePathCommitLog":
+        values["_store_path_commit_log"] = _parse_value(key, raw, _parse_path, where)
+        return
+    spec = _BY_KEY.get(key)
+    if spec is None:
+        log.warning("ignoring unknown broker setting %s (from %s)", key, where)
+        return
+    _set(values, source_of, spec.field, raw, where, key, spec.parse)
+
+
+def _set(
+    values: dict[str, Any],
+    source_of: dict[str, str],
+    field_name: str,
+    raw: object,
+    where: str,
+    key: str,
+    parse: Callable[[str], Any] = _parse_int,
+) -> None:
+    values[field_name] = _parse_value(key, raw, parse, where)
+    source_of[field_name] = where
+
+
+def _parse_value(key: str, raw: object, parse: Callable[[str], Any], where: str) -> Any:
+    if not isinstance(raw, str):
+        # Typed overrides (from argparse or tests) pass through when they already fit.
+        if isinstance(raw, (list, tuple)):
+            return tuple(str(x) for x in raw)
+        if isinstance(raw, Path) or (isinstance(raw, (int, float)) and not isinstance(raw, bool)):
+            raw = str(raw)
+        elif isinstance(raw, bool):
+            raw = "true" if raw else "false"
+        else:
+            raise ConfigError(f"{key}={raw!r}: unsupported value type (from {where})")
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key}={raw!r}: {exc} (from {where})") from None
+
+
+def render_config(cfg: BrokerConfig, *, comments: bool = True) -> str:
+    """The effective values as broker.conf text, one `key=value` per setting."""
+    lines: list[str] = []
+    for spec in _KEYS:
+        if comments:
+            lines.append(f"# {spec.comment}")
+        lines.append(f"{spec.name}={spec.render(getattr(cfg, spec.field))}")
+        if comments:
+            lines.append("")
+    if comments:
+        lines.append(
+            f"# Bytes per consume-queue file ({CONSUME_QUEUE_ENTRY_SIZE}-byte entries each)."
+        )
+    size = cfg.consume_queue_file_entries * CONSUME_QUEUE_ENTRY_SIZE
+    lines.append(f"mappedFileSizeConsumeQueue={size}")
+    return "\n".join(lines) + "\n"
+
+
+def known_keys() -> Iterable[str]:
+    """Every accepted RocketMQ key (for docs and tests)."""
+    return [*_BY_KEY, *sorted(_SPECIAL_KEYS)]
+
+
+EXAMPLE_STORE_DIR: Final = Path("/var/lib/tidemq/store")
+
+
+def example_config() -> str:
+    """The text of conf/broker.example.conf: every key at its default, commented in place."""
+    header = (
+        "# TideMQ broker configuration: RocketMQ's broker.conf format and key names.\n"
+        "# Generated by tidemq.broker.config.example_config(); every value is the default\n"
+        "# (storePathRootDir defaults to ~/store). Unknown keys are logged and ignored.\n"
+        "# Environment: TIDEMQ_<KEY_IN_UPPER_SNAKE_CASE> (e.g. TIDEMQ_LISTEN_PORT) and\n"
+        "# NAMESRV_ADDR override this file; command-line flags override both.\n\n"
+    )
+    return header + render_config(BrokerConfig(store_path_root_dir=EXAMPLE_STORE_DIR))

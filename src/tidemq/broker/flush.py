@@ -1,0 +1,118 @@
+"""FlushService: makes appended commit-log bytes durable, off the event loop.
+
+    ASYNC_FLUSH   every flush_interval_ms, one `store.flush()` in a worker thread; sends never wait.
+    SYNC_FLUSH    group commit: a send awaits `wait_flushed(end)`; one flush in a worker thread
+                  releases every waiter whose end offset is at or below the flushed offset, so N
+                  concurrent sends cost one fsync, not N. A waiter not released within
+                  sync_flush_timeout_ms gets False (the handler answers FLUSH_DISK_TIMEOUT; the
+                  message is stored and will be flushed by a later round).
+
+At most one flush runs at a time; waiters that arrive during a flush are served by the next one,
+since the running flush may have started before their bytes were appended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+class FlushService:
+    def __init__(
+        self,
+        flush: Callable[[], int],
+        *,
+        sync: bool,
+        interval_ms: float,
+        sync_timeout_ms: float,
+    ) -> None:
+        """`flush` is the store's thread-safe flush; it returns the flushed physical offset."""
+        assert interval_ms > 0
+        assert sync_timeout_ms > 0
+        self._flush = flush
+        self._sync = sync
+        self._interval_s = interval_ms / 1000
+        self._sync_timeout_s = sync_timeout_ms / 1000
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._flushed_offset = 0
+        self.flush_count = 0
+
+    @property
+    def sync(self) -> bool:
+        return self._sync
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed_offset
+
+    def start(self) -> None:
+        assert self._task is None
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="flush-service")
+
+    async def stop(self) -> None:
+        """Stop the loop and run one last flush, releasing every waiter it covers."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        await self._flush_once()
+        for _, future in self._waiters:
+            if not future.done():
+                future.cancel()
+        self._waiters.clear()
+
+    async def wait_flushed(self, physical_end: int) -> bool:
+        """In SYNC mode wait until the log is durable up to `physical_end`; False on timeout."""
+        if not self._sync or physical_end <= self._flushed_offset:
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((physical_end, future))
+        self._wake.set()
+        try:
+            await asyncio.wait_for(future, self._sync_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "flush to offset %d not done within %.0f ms",
+                physical_end,
+                self._sync_timeout_s * 1e3,
+            )
+            return False
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await self._flush_once()
+
+    async def _flush_once(self) -> None:
+        try:
+            flushed = await asyncio.to_thread(self._flush)
+        except Exception:
+            # Waiters stay queued: they time out (FLUSH_DISK_TIMEOUT) unless a later flush works.
+            log.exception("commit-log flush failed")
+            return
+        self.flush_count += 1
+        self._flushed_offset = max(self._flushed_offset, flushed)
+        remaining: list[tuple[int, asyncio.Future[None]]] = []
+        for end, future in self._waiters:
+            if future.done():
+                continue
+            if end <= self._flushed_offset:
+                future.set_result(None)
+            else:
+                remaining.append((end, future))
+        self._waiters = remaining
+        if remaining:
+            self._wake.set()

@@ -1,0 +1,147 @@
+"""Subscription group configs: per consumer group, whether it may consume and how it retries.
+
+Persisted as `<root>/config/subscriptionGroup.json` in RocketMQ's shape (remoting.md §7):
+
+    {"dataVersion":{"counter":N,"timestamp":T},
+     "subscriptionGroupTable":{"G":{"groupName":"G","consumeEnable":true,"consumeFromMinEnable":true,
+        "consumeBroadcastEnable":true,"retryQueueNums":1,"retryMaxTimes":16,"brokerId":0,
+        "whichBrokerWhenConsumeSlowly":1,"notifyConsumerIdsChangedEnable":true}}}
+
+A group is created with those defaults the first time it pulls, heartbeats or sends back, when
+autoCreateSubscriptionGroup is on (RocketMQ's default); otherwise only admin-created groups exist
+and the others get SUBSCRIPTION_GROUP_NOT_EXIST.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from tidemq.broker.persist import read_optional, write_atomic
+from tidemq.clock import Clock
+from tidemq.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+GROUPS_FILE: Final = "subscriptionGroup.json"
+# RocketMQ's default: a message is retried 16 times before it goes to the dead-letter queue.
+RETRY_MAX_TIMES_DEFAULT: Final = 16
+
+_WIRE_NAMES: Final = (
+    ("group_name", "groupName"),
+    ("consume_enable", "consumeEnable"),
+    ("consume_from_min_enable", "consumeFromMinEnable"),
+    ("consume_broadcast_enable", "consumeBroadcastEnable"),
+    ("retry_queue_nums", "retryQueueNums"),
+    ("retry_max_times", "retryMaxTimes"),
+    ("broker_id", "brokerId"),
+    ("which_broker_when_consume_slowly", "whichBrokerWhenConsumeSlowly"),
+    ("notify_consumer_ids_changed_enable", "notifyConsumerIdsChangedEnable"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionGroupConfig:
+    group_name: str
+    consume_enable: bool = True
+    consume_from_min_enable: bool = True
+    consume_broadcast_enable: bool = True
+    retry_queue_nums: int = 1
+    retry_max_times: int = RETRY_MAX_TIMES_DEFAULT
+    broker_id: int = 0
+    which_broker_when_consume_slowly: int = 1
+    notify_consumer_ids_changed_enable: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {wire: getattr(self, name) for name, wire in _WIRE_NAMES}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SubscriptionGroupConfig:
+        kwargs: dict[str, Any] = {}
+        for name, wire in _WIRE_NAMES:
+            if wire not in data:
+                continue
+            value = data[wire]
+            default = getattr(cls, name, None)
+            if name == "group_name":
+                kwargs[name] = str(value)
+            elif isinstance(default, bool):
+                kwargs[name] = value in (True, "true", "1", 1)
+            else:
+                kwargs[name] = int(value)
+        if "group_name" not in kwargs:
+            raise ProtocolError("subscription group config without groupName")
+        return cls(**kwargs)
+
+
+class SubscriptionGroupTable:
+    """Group configs by name, persisted on each change."""
+
+    def __init__(self, config_dir: Path, clock: Clock, *, auto_create: bool) -> None:
+        self._path = config_dir / GROUPS_FILE
+        self._clock = clock
+        self._auto_create = auto_create
+        self._groups: dict[str, SubscriptionGroupConfig] = {}
+        self._counter = 0
+        self._timestamp_ms = clock.now_ms()
+
+    def load(self) -> None:
+        data = read_optional(self._path)
+        if data is None:
+            return
+        try:
+            doc = orjson.loads(data)
+            table = doc.get("subscriptionGroupTable") or {}
+            groups = {name: SubscriptionGroupConfig.from_dict(v) for name, v in table.items()}
+            version = doc.get("dataVersion") or {}
+            self._counter = int(version.get("counter", 0))
+            self._timestamp_ms = int(version.get("timestamp", self._timestamp_ms))
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"{self._path}: not a subscription group table: {exc}") from exc
+        self._groups.update(groups)
+        log.info("loaded %d subscription groups from %s", len(groups), self._path)
+
+    def persist(self) -> None:
+        doc = {
+            "dataVersion": {"counter": self._counter, "timestamp": self._timestamp_ms},
+            "subscriptionGroupTable": {n: g.to_dict() for n, g in sorted(self._groups.items())},
+        }
+        write_atomic(self._path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+    def get(self, group: str) -> SubscriptionGroupConfig | None:
+        return self._groups.get(group)
+
+    def find_or_create(self, group: str) -> SubscriptionGroupConfig | None:
+        """The group's config; created with defaults when auto-create is on, else None."""
+        existing = self._groups.get(group)
+        if existing is not None or not self._auto_create:
+            return existing
+        config = SubscriptionGroupConfig(group_name=group)
+        self._groups[group] = config
+        self._changed(f"subscription group {group} auto-created")
+        return config
+
+    def put(self, config: SubscriptionGroupConfig) -> None:
+        if self._groups.get(config.group_name) == config:
+            return
+        self._groups[config.group_name] = config
+        self._changed(f"subscription group {config.group_name} set")
+
+    def delete(self, group: str) -> bool:
+        if self._groups.pop(group, None) is None:
+            return False
+        self._changed(f"subscription group {group} deleted")
+        return True
+
+    def snapshot(self) -> dict[str, SubscriptionGroupConfig]:
+        return dict(self._groups)
+
+    def _changed(self, what: str) -> None:
+        self._counter += 1
+        self._timestamp_ms = max(self._clock.now_ms(), self._timestamp_ms)
+        log.info("%s", what)
+        self.persist()

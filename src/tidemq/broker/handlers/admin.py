@@ -1,0 +1,252 @@
+"""Admin requests (remoting.md §4.12): topics (17, 21, 202, 215), broker config and runtime (26,
+28), consumers (203, 208) and all consumer offsets (43).
+
+Topic changes go through the TopicTable, whose change listener re-registers with the name
+servers. Statistics bodies use TideMQ's list form (protocol/bodies_client.py); the consumer
+connection body (203) follows Java's ConsumerConnection field names.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import orjson
+
+from tidemq._version import __version__
+from tidemq.broker.clients import ClientRegistry
+from tidemq.broker.config import BrokerConfig, render_config
+from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
+from tidemq.broker.offsets import ConsumerOffsetTable
+from tidemq.broker.topics import TOPIC_QUEUE_NUMS_MAX, TopicTable
+from tidemq.clock import Clock
+from tidemq.errors import ProtocolError
+from tidemq.protocol.bodies import (
+    ConsumeStats,
+    KVTable,
+    MessageQueue,
+    OffsetWrapper,
+    TopicConfig,
+    TopicOffset,
+    TopicStatsTable,
+)
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.headers import (
+    CreateTopicRequestHeader,
+    DeleteTopicRequestHeader,
+    GetConsumerConnectionListRequestHeader,
+    GetConsumeStatsRequestHeader,
+    GetTopicStatsInfoRequestHeader,
+)
+from tidemq.protocol.headers_admin import TOPIC_FILTER_MULTI_TAG, TOPIC_FILTER_SINGLE_TAG
+from tidemq.protocol.message import TBW102, Perm, is_system_topic, validate_topic
+from tidemq.remoting.connection import Connection
+from tidemq.remoting.handlers import HandlerTable
+from tidemq.store.message_store import FileMessageStore
+
+
+class AdminHandlers:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        address: BrokerAddress,
+        clock: Clock,
+        store: FileMessageStore,
+        topics: TopicTable,
+        offsets: ConsumerOffsetTable,
+        clients: ClientRegistry,
+    ) -> None:
+        self._config = config
+        self._address = address
+        self._clock = clock
+        self._store = store
+        self._topics = topics
+        self._offsets = offsets
+        self._clients = clients
+        self._boot_ms = clock.now_ms()
+
+    def register(self, table: HandlerTable) -> None:
+        table.register(RequestCode.UPDATE_AND_CREATE_TOPIC, guarded(self.create_topic))
+        table.register(RequestCode.GET_ALL_TOPIC_CONFIG, guarded(self.all_topic_config))
+        table.register(RequestCode.GET_BROKER_CONFIG, guarded(self.broker_config))
+        table.register(RequestCode.GET_BROKER_RUNTIME_INFO, guarded(self.runtime_info))
+        table.register(RequestCode.GET_TOPIC_STATS_INFO, guarded(self.topic_stats))
+        table.register(RequestCode.GET_CONSUME_STATS, guarded(self.consume_stats))
+        table.register(RequestCode.GET_CONSUMER_CONNECTION_LIST, guarded(self.consumer_connections))
+        table.register(RequestCode.DELETE_TOPIC_IN_BROKER, guarded(self.delete_topic))
+        table.register(RequestCode.GET_ALL_CONSUMER_OFFSET, guarded(self.all_consumer_offsets))
+
+    # -- topics ------------------------------------------------------------------------------
+
+    async def create_topic(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        header = CreateTopicRequestHeader.from_fields(request.ext_fields)
+        try:
+            validate_topic(header.topic)
+        except ProtocolError as exc:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, str(exc)) from None
+        reserved = {TBW102, self._config.broker_cluster_name, self._config.broker_name}
+        if is_system_topic(header.topic) or header.topic in reserved:
+            raise Refusal(
+                ResponseCode.SYSTEM_ERROR,
+                f"the topic[{header.topic}] is conflict with system reserved words.",
+            )
+        for name, value in (
+            ("readQueueNums", header.read_queue_nums),
+            ("writeQueueNums", header.write_queue_nums),
+        ):
+            if not 0 <= value <= TOPIC_QUEUE_NUMS_MAX:
+                raise Refusal(
+                    ResponseCode.SYSTEM_ERROR, f"{name} {value} outside 0..{TOPIC_QUEUE_NUMS_MAX}"
+                )
+        if header.topic_filter_type not in (TOPIC_FILTER_SINGLE_TAG, TOPIC_FILTER_MULTI_TAG):
+            raise Refusal(
+                ResponseCode.SYSTEM_ERROR, f"unknown topicFilterType {header.topic_filter_type}"
+            )
+        self._topics.put(
+            TopicConfig(
+                topic_name=header.topic,
+                read_queue_nums=header.read_queue_nums,
+                write_queue_nums=header.write_queue_nums,
+                perm=header.perm & (Perm.READ | Perm.WRITE | Perm.INHERIT | Perm.PRIORITY),
+                topic_filter_type=header.topic_filter_type,
+                topic_sys_flag=header.topic_sys_flag,
+                order=header.order,
+            )
+        )
+        return request.response(ResponseCode.SUCCESS)
+
+    async def delete_topic(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        header = DeleteTopicRequestHeader.from_fields(request.ext_fields)
+        if header.topic == TBW102 or is_system_topic(header.topic):
+            raise Refusal(ResponseCode.SYSTEM_ERROR, f"the topic[{header.topic}] is a system topic")
+        self._topics.delete(header.topic)
+        self._offsets.remove_topic(header.topic)
+        self._store.delete_topic(header.topic)
+        return request.response(ResponseCode.SUCCESS)
+
+    async def all_topic_config(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        return request.response(ResponseCode.SUCCESS, body=self._topics.wrapper().to_json())
+
+    async def topic_stats(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        header = GetTopicStatsInfoRequestHeader.from_fields(request.ext_fields)
+        config = self._topics.get(header.topic)
+        if config is None:
+            raise Refusal(ResponseCode.TOPIC_NOT_EXIST, f"topic[{header.topic}] not exist")
+        table: dict[MessageQueue, TopicOffset] = {}
+        for queue_id in range(config.write_queue_nums):
+            max_offset = self._store.max_offset(header.topic, queue_id)
+            last = self._store.store_time_at(header.topic, queue_id, max_offset - 1)
+            table[MessageQueue(header.topic, self._config.broker_name, queue_id)] = TopicOffset(
+                min_offset=self._store.min_offset(header.topic, queue_id),
+                max_offset=max_offset,
+                last_update_timestamp=last or 0,
+            )
+        return request.response(
+            ResponseCode.SUCCESS, body=TopicStatsTable(offset_table=table).to_json()
+        )
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    async def consume_stats(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        header = GetConsumeStatsRequestHeader.from_fields(request.ext_fields)
+        group = header.consumer_group
+        topics = [header.topic] if header.topic else sorted(self._offsets.topics_of_group(group))
+        table: dict[MessageQueue, OffsetWrapper] = {}
+        for topic in topics:
+            config = self._topics.get(topic)
+            if config is None:
+                continue
+            for queue_id in range(config.read_queue_nums):
+                consumer = self._offsets.query(group, topic, queue_id)
+                last = (
+                    self._store.store_time_at(topic, queue_id, consumer - 1)
+                    if consumer is not None and consumer > 0
+                    else None
+                )
+                table[MessageQueue(topic, self._config.broker_name, queue_id)] = OffsetWrapper(
+                    broker_offset=self._store.max_offset(topic, queue_id),
+                    consumer_offset=consumer if consumer is not None else 0,
+                    last_timestamp=last or 0,
+                )
+        return request.response(
+            ResponseCode.SUCCESS, body=ConsumeStats(offset_table=table).to_json()
+        )
+
+    async def consumer_connections(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        header = GetConsumerConnectionListRequestHeader.from_fields(request.ext_fields)
+        info = self._clients.consumer_group(header.consumer_group)
+        if info is None or not info.channels:
+            raise Refusal(
+                ResponseCode.CONSUMER_NOT_ONLINE,
+                f"the consumer group[{header.consumer_group}] not online",
+            )
+        body: dict[str, Any] = {
+            "connectionSet": [
+                {
+                    "clientId": chan.client_id,
+                    "clientAddr": chan.connection.peer_text,
+                    "language": chan.language,
+                    "version": chan.version,
+                }
+                for chan in info.channels.values()
+            ],
+            "subscriptionTable": {
+                topic: {
+                    "topic": sub.topic,
+                    "subString": sub.sub_string,
+                    "subVersion": sub.sub_version,
+                    "expressionType": sub.expression_type,
+                }
+                for topic, sub in info.subscriptions.items()
+            },
+            "consumeType": info.consume_type,
+            "messageModel": info.message_model,
+            "consumeFromWhere": info.consume_from_where,
+        }
+        return request.response(ResponseCode.SUCCESS, body=orjson.dumps(body))
+
+    async def all_consumer_offsets(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        return request.response(ResponseCode.SUCCESS, body=self._offsets.to_json())
+
+    # -- broker ------------------------------------------------------------------------------
+
+    async def broker_config(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        text = render_config(self._config, comments=False)
+        fields = {"version": self._topics.data_version.to_json().decode()}
+        return request.response(ResponseCode.SUCCESS, fields, text.encode())
+
+    async def runtime_info(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        now = self._clock.now_ms()
+        table = {
+            "brokerVersionDesc": f"TideMQ {__version__}",
+            "brokerAddr": self._address.text,
+            "bootTimestamp": str(self._boot_ms),
+            "runtime": f"{(now - self._boot_ms) // 1000} s",
+            "commitLogMaxOffset": str(self._store.max_physical_offset),
+            "commitLogFlushedOffset": str(self._store.flushed_physical_offset),
+            "commitLogDiskRatio": f"{self._store.disk_usage_ratio_percent() / 100:.4f}",
+            "topicCount": str(len(self._topics.names())),
+            "consumerGroupCount": str(len(self._clients.consumer_groups())),
+            "producerGroupCount": str(len(self._clients.producer_groups())),
+            "pid": str(os.getpid()),
+        }
+        return request.response(ResponseCode.SUCCESS, body=KVTable(table=table).to_json())

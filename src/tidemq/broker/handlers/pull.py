@@ -1,0 +1,254 @@
+"""PULL_MESSAGE (11): remoting.md §4.2.
+
+    pre-checks (broker readable, group exists or auto-created and may consume, topic exists and is
+    readable, 0 <= queueId < readQueueNums) ─▶ filter ─▶ store.get_messages ─▶ response code
+    ─▶ 19 with SUSPEND: hold (pull_hold.py), then evaluate once more and answer
+
+The filter comes from the request's `subscription` when the SUBSCRIPTION bit is set, else from the
+group's heartbeat subscription (missing: 24; older than the request's subVersion: 25). Tag codes
+are always recomputed from the expression text: C++ heartbeats carry atoi(tag) as codeSet.
+
+Store status → response code (§4.2 table):
+
+    FOUND                                         0  SUCCESS, body = raw stored records
+    NO_MATCHED_LOGIC_QUEUE, NO_MESSAGE_IN_QUEUE  21  if queueOffset != 0, else 19
+    OFFSET_TOO_SMALL, OFFSET_OVERFLOW_BADLY      21  PULL_OFFSET_MOVED
+    OFFSET_OVERFLOW_ONE                          19  PULL_NOT_FOUND (long-poll candidate)
+    NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING     20  PULL_RETRY_IMMEDIATELY
+
+Every response, errors included, carries the four header fields (suggestWhichBrokerId,
+nextBeginOffset, minOffset, maxOffset) as strings: C++ raises and ali-ons throws without them.
+With the COMMIT_OFFSET bit the request's commitOffset is stored for the group as a side effect.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+from tidemq.broker.clients import ClientRegistry
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.groups import SubscriptionGroupTable
+from tidemq.broker.handlers.common import Refusal, guarded
+from tidemq.broker.offsets import ConsumerOffsetTable
+from tidemq.broker.pull_hold import PullHoldService
+from tidemq.broker.topics import TopicTable
+from tidemq.errors import ProtocolError
+from tidemq.limits import PULL_MESSAGE_COUNT_MAX
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.headers import (
+    PullMessageRequestHeader,
+    PullMessageResponseHeader,
+    PullSysFlag,
+)
+from tidemq.protocol.message import (
+    EXPRESSION_TYPE_TAG,
+    Perm,
+    TagFilter,
+    parse_tag_expression,
+)
+from tidemq.remoting.connection import Connection
+from tidemq.remoting.handlers import HandlerTable
+from tidemq.store.message_store import FileMessageStore
+from tidemq.store.types import DispatchEvent, GetResult, GetStatus
+
+log = logging.getLogger(__name__)
+
+_FOUND: Final = ResponseCode.SUCCESS
+_NOT_FOUND: Final = ResponseCode.PULL_NOT_FOUND
+_RETRY: Final = ResponseCode.PULL_RETRY_IMMEDIATELY
+_MOVED: Final = ResponseCode.PULL_OFFSET_MOVED
+
+# Status → code; None means "21 unless the request asked for offset 0, then 19".
+_STATUS_CODES: Final[dict[GetStatus, ResponseCode | None]] = {
+    GetStatus.FOUND: _FOUND,
+    GetStatus.NO_MATCHED_LOGIC_QUEUE: None,
+    GetStatus.NO_MESSAGE_IN_QUEUE: None,
+    GetStatus.OFFSET_TOO_SMALL: _MOVED,
+    GetStatus.OFFSET_OVERFLOW_ONE: _NOT_FOUND,
+    GetStatus.OFFSET_OVERFLOW_BADLY: _MOVED,
+    GetStatus.NO_MATCHED_MESSAGE: _RETRY,
+    GetStatus.MESSAGE_WAS_REMOVING: _RETRY,
+}
+assert set(_STATUS_CODES) == set(GetStatus)
+
+
+def pull_response_code(status: GetStatus, requested_offset: int) -> ResponseCode:
+    """The §4.2 mapping table as a function (tested exhaustively)."""
+    code = _STATUS_CODES[status]
+    if code is None:
+        return _MOVED if requested_offset != 0 else _NOT_FOUND
+    return code
+
+
+@dataclass(frozen=True, slots=True)
+class _Evaluation:
+    code: ResponseCode
+    result: GetResult
+
+
+class PullHandler:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: FileMessageStore,
+        topics: TopicTable,
+        groups: SubscriptionGroupTable,
+        offsets: ConsumerOffsetTable,
+        clients: ClientRegistry,
+        hold: PullHoldService,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._topics = topics
+        self._groups = groups
+        self._offsets = offsets
+        self._clients = clients
+        self._hold = hold
+
+    def register(self, table: HandlerTable) -> None:
+        table.register(RequestCode.PULL_MESSAGE, guarded(self.handle))
+
+    async def handle(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand | None:
+        header = PullMessageRequestHeader.from_fields(request.ext_fields)
+        try:
+            tag_filter = self._check(connection, header)
+        except Refusal as exc:
+            # Error answers carry the four fields too (the clients read them unconditionally).
+            exc.ext_fields = self._empty_fields(header)
+            raise
+        first = self._evaluate(header, tag_filter)
+        flags = header.sys_flag
+        if flags & PullSysFlag.COMMIT_OFFSET and self._config.is_master:
+            self._offsets.commit(
+                header.consumer_group, header.topic, header.queue_id, header.commit_offset
+            )
+        if first.code != _NOT_FOUND or not flags & PullSysFlag.SUSPEND:
+            return self._response(request, first)
+        timeout_ms = (
+            header.suspend_timeout_millis
+            if self._config.long_polling_enable
+            else self._config.short_polling_ms
+        )
+        # No await between the empty read above and registering the hold: a dispatch on this
+        # event loop cannot slip in between.
+        await self._hold.hold(
+            header.topic,
+            header.queue_id,
+            header.queue_offset,
+            timeout_ms,
+            lambda event: _arrival_matches(tag_filter, event),
+        )
+        if connection.closed:
+            return None
+        return self._response(request, self._evaluate(header, tag_filter))
+
+    def _check(self, connection: Connection, header: PullMessageRequestHeader) -> TagFilter:
+        if not Perm.is_readable(self._config.broker_permission):
+            raise Refusal(
+                ResponseCode.NO_PERMISSION,
+                f"the broker[{self._config.broker_name}] pulling message is forbidden",
+            )
+        group = self._groups.find_or_create(header.consumer_group)
+        if group is None:
+            raise Refusal(
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                f"subscription group [{header.consumer_group}] does not exist",
+            )
+        if not group.consume_enable:
+            raise Refusal(
+                ResponseCode.NO_PERMISSION,
+                f"subscription group [{header.consumer_group}] is not allowed to consume",
+            )
+        topic_config = self._topics.get(header.topic)
+        if topic_config is None:
+            raise Refusal(
+                ResponseCode.TOPIC_NOT_EXIST,
+                f"topic[{header.topic}] not exist, apply first please!",
+            )
+        if not Perm.is_readable(topic_config.perm):
+            raise Refusal(
+                ResponseCode.NO_PERMISSION,
+                f"the topic[{header.topic}] pulling message is forbidden",
+            )
+        if not 0 <= header.queue_id < topic_config.read_queue_nums:
+            raise Refusal(
+                ResponseCode.SYSTEM_ERROR,
+                f"queueId[{header.queue_id}] is illegal, topic:[{header.topic}] "
+                f"topicConfig.readQueueNums:[{topic_config.read_queue_nums}] "
+                f"consumer:[{connection.peer_text}]",
+            )
+        if header.sys_flag & PullSysFlag.SUBSCRIPTION:
+            return self._parse(header.subscription, header.expression_type)
+        subscription = self._clients.subscription(header.consumer_group, header.topic)
+        if subscription is None:
+            raise Refusal(
+                ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                f"the consumer's subscription of {header.topic} in group "
+                f"{header.consumer_group} not exist",
+            )
+        if subscription.sub_version < header.sub_version:
+            raise Refusal(
+                ResponseCode.SUBSCRIPTION_NOT_LATEST,
+                f"the consumer's subscription not latest ({subscription.sub_version} < "
+                f"{header.sub_version})",
+            )
+        return self._parse(subscription.sub_string, subscription.expression_type)
+
+    @staticmethod
+    def _parse(expression: str | None, expression_type: str | None) -> TagFilter:
+        if expression_type and expression_type.upper() != EXPRESSION_TYPE_TAG:
+            raise Refusal(
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                f"expression type {expression_type} is not supported by this broker (TAG only)",
+            )
+        try:
+            return parse_tag_expression(expression)
+        except ProtocolError as exc:
+            raise Refusal(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc)) from None
+
+    def _evaluate(self, header: PullMessageRequestHeader, tag_filter: TagFilter) -> _Evaluation:
+        count = max(1, min(header.max_msg_nums, PULL_MESSAGE_COUNT_MAX))
+        result = self._store.get_messages(
+            header.topic,
+            header.queue_id,
+            header.queue_offset,
+            count,
+            tag_codes=None if tag_filter.matches_all else tag_filter.codes,
+        )
+        return _Evaluation(pull_response_code(result.status, header.queue_offset), result)
+
+    def _response(self, request: RemotingCommand, evaluation: _Evaluation) -> RemotingCommand:
+        result = evaluation.result
+        fields = PullMessageResponseHeader(
+            suggest_which_broker_id=0,
+            next_begin_offset=result.next_begin_offset,
+            min_offset=result.min_offset,
+            max_offset=result.max_offset,
+        ).to_fields()
+        if evaluation.code == _FOUND:
+            return request.response(_FOUND, fields, b"".join(result.records))
+        remark = {
+            _NOT_FOUND: "no new message",
+            _RETRY: "no matched message",
+            _MOVED: "the offset moved",
+        }[evaluation.code]
+        return request.response(evaluation.code, fields, remark=f"{remark} ({result.status.value})")
+
+    def _empty_fields(self, header: PullMessageRequestHeader) -> dict[str, str]:
+        try:
+            min_offset = self._store.min_offset(header.topic, header.queue_id)
+            max_offset = self._store.max_offset(header.topic, header.queue_id)
+        except Exception:  # an unknown queue id must not turn a clean refusal into a crash
+            min_offset = max_offset = 0
+        return PullMessageResponseHeader(
+            next_begin_offset=header.queue_offset, min_offset=min_offset, max_offset=max_offset
+        ).to_fields()
+
+
+def _arrival_matches(tag_filter: TagFilter, event: DispatchEvent) -> bool:
+    return tag_filter.matches_code(event.tags_code)

@@ -1,0 +1,322 @@
+"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320): remoting.md §4.1.
+
+    header ─▶ broker writable? ─▶ topic name legal? not a system topic? ─▶ topic known, else
+    auto-create from the default topic (INHERIT bit) or as a retry topic ─▶ queue id valid
+    (negative: the broker picks) ─▶ topic writable ─▶ build MessageToStore(s) ─▶ store.put_*
+    ─▶ SYNC_FLUSH: await the flush ─▶ response header (offsetMsgId, queueId, queueOffset)
+
+A batch is code 320, or code 10/310 with batch "true" or "1" (C++ 1.2.3 sends "1", which Java reads
+as false and stores as one blob; we split it). A C++ batch body may be zlib-compressed as a whole
+(outer sysFlag bit 0): it is inflated first and the inner messages stored uncompressed. Each inner
+message keeps its flag, body and properties, gains the outer properties and CLUSTER, and takes
+topic, queue, sysFlag, born time and hosts from the outer request.
+
+Seams for later issues: a TRAN_MSG send (half message, §8) and a DELAY send (§9) are answered
+NO_PERMISSION "not supported yet" rather than stored as plain messages, which would deliver them
+at the wrong time. A send to %RETRY%<group> checks the group but does not yet divert to the DLQ.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Final
+
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.flush import FlushService
+from tidemq.broker.groups import SubscriptionGroupTable
+from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
+from tidemq.broker.topics import TopicTable
+from tidemq.errors import ProtocolError
+from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX
+from tidemq.protocol.bodies import TopicConfig
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
+from tidemq.protocol.headers_admin import TOPIC_FILTER_MULTI_TAG
+from tidemq.protocol.message import (
+    CLUSTER,
+    DELAY,
+    TRAN_MSG,
+    WAIT,
+    Perm,
+    SysFlag,
+    TopicSysFlag,
+    decode_batch,
+    decode_properties,
+    encode_properties,
+    group_of_retry_topic,
+    inflate,
+    is_system_topic,
+    offset_msg_id,
+    validate_topic,
+)
+from tidemq.remoting.connection import Connection
+from tidemq.remoting.handlers import HandlerTable
+from tidemq.store.message_store import FileMessageStore
+from tidemq.store.types import MessageToStore, PutResult, PutStatus
+
+log = logging.getLogger(__name__)
+
+# Store refusals → response codes (§4.1 "Store errors map to response codes").
+_PUT_STATUS_CODES: Final = {
+    PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
+}
+
+
+def _is_true(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("true", "1")
+
+
+class SendHandler:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        address: BrokerAddress,
+        store: FileMessageStore,
+        topics: TopicTable,
+        groups: SubscriptionGroupTable,
+        flush: FlushService,
+    ) -> None:
+        self._config = config
+        self._address = address
+        self._store = store
+        self._topics = topics
+        self._groups = groups
+        self._flush = flush
+        # Spreads sends with queueId < 0 over the queues (no randomness outside cli/testing).
+        self._spread = itertools.count()
+
+    def register(self, table: HandlerTable) -> None:
+        for code in (
+            RequestCode.SEND_MESSAGE,
+            RequestCode.SEND_MESSAGE_V2,
+            RequestCode.SEND_BATCH_MESSAGE,
+        ):
+            table.register(code, guarded(self.handle))
+
+    async def handle(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand | None:
+        header = SendMessageRequestHeader.from_fields(request.ext_fields)
+        topic_config = self._check(connection, header)
+        queue_id = self._queue_id(header, topic_config)
+        properties = decode_properties(header.properties or "")
+        properties.pop(WAIT, None)
+        properties[CLUSTER] = self._config.broker_cluster_name
+        sys_flag = header.sys_flag
+        if topic_config.topic_filter_type == TOPIC_FILTER_MULTI_TAG:
+            sys_flag |= SysFlag.MULTI_TAGS
+        is_batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch
+        if is_batch:
+            messages = self._split_batch(connection, header, request.body, queue_id, properties)
+        else:
+            self._check_single(request.body, properties)
+            messages = [
+                MessageToStore(
+                    topic=header.topic,
+                    queue_id=queue_id,
+                    body=request.body,
+                    flag=header.flag,
+                    properties=encode_properties(properties),
+                    sys_flag=sys_flag,
+                    born_timestamp=header.born_timestamp,
+                    born_host=connection.peer,
+                    store_host=(self._address.host, self._address.port),
+                    reconsume_times=header.reconsume_times,
+                )
+            ]
+        results = (
+            self._store.put_messages(messages)
+            if is_batch
+            else [self._store.put_message(messages[0])]
+        )
+        return await self._answer(request, header, queue_id, results)
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def _check(self, connection: Connection, header: SendMessageRequestHeader) -> TopicConfig:
+        if not Perm.is_writable(self._config.broker_permission):
+            raise Refusal(
+                ResponseCode.NO_PERMISSION,
+                f"the broker[{self._config.broker_name}] sending message is forbidden",
+            )
+        try:
+            validate_topic(header.topic)
+        except ProtocolError as exc:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, str(exc)) from None
+        if is_system_topic(header.topic):
+            raise Refusal(
+                ResponseCode.NO_PERMISSION,
+                f"Sending message to topic[{header.topic}] is forbidden (system topic)",
+            )
+        topic_config = self._topics.get(header.topic) or self._auto_create(header)
+        if topic_config is None:
+            raise Refusal(
+                ResponseCode.TOPIC_NOT_EXIST,
+                f"topic[{header.topic}] not exist, apply first please!",
+            )
+        if not Perm.is_writable(topic_config.perm):
+            raise Refusal(
+                ResponseCode.NO_PERMISSION,
+                f"the topic[{header.topic}] sending message is forbidden (perm "
+                f"{Perm.to_text(topic_config.perm)})",
+            )
+        retry_group = group_of_retry_topic(header.topic)
+        if retry_group is not None and self._groups.find_or_create(retry_group) is None:
+            raise Refusal(
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                f"subscription group [{retry_group}] does not exist",
+            )
+        return topic_config
+
+    def _auto_create(self, header: SendMessageRequestHeader) -> TopicConfig | None:
+        retry_group = group_of_retry_topic(header.topic)
+        if retry_group is not None:
+            group = self._groups.find_or_create(retry_group)
+            if group is None:
+                return None
+            return self._topics.ensure_retry_topic(retry_group, max(1, group.retry_queue_nums))
+        try:
+            validate_topic(header.default_topic)
+        except ProtocolError:
+            return None
+        sys_flag = TopicSysFlag.UNIT if header.unit_mode else 0
+        return self._topics.create_from_default(
+            header.topic, header.default_topic, header.default_topic_queue_nums, sys_flag
+        )
+
+    def _queue_id(self, header: SendMessageRequestHeader, topic_config: TopicConfig) -> int:
+        queue_nums = max(topic_config.write_queue_nums, topic_config.read_queue_nums)
+        if header.queue_id >= queue_nums:
+            raise Refusal(
+                ResponseCode.SYSTEM_ERROR,
+                f"request queueId[{header.queue_id}] is illegal, {topic_config.topic_name} has "
+                f"{topic_config.write_queue_nums} write and {topic_config.read_queue_nums} read "
+                "queues",
+            )
+        if header.queue_id >= 0:
+            return header.queue_id
+        if topic_config.write_queue_nums <= 0:
+            raise Refusal(
+                ResponseCode.NO_PERMISSION, f"topic[{topic_config.topic_name}] has no write queue"
+            )
+        return next(self._spread) % topic_config.write_queue_nums
+
+    def _check_single(self, body: bytes, properties: dict[str, str]) -> None:
+        self._check_size(len(body))
+        if _is_true(properties.get(TRAN_MSG)):
+            if self._config.reject_transaction_message:
+                raise Refusal(
+                    ResponseCode.NO_PERMISSION,
+                    f"the broker[{self._config.broker_name}] sending transaction message is "
+                    "forbidden",
+                )
+            # Seam: half messages (RMQ_SYS_TRANS_HALF_TOPIC, §8) come with the transaction issue.
+            raise Refusal(
+                ResponseCode.NO_PERMISSION,
+                "transactional messages are not supported by this broker yet",
+            )
+        delay = properties.get(DELAY, "").strip()
+        if delay and delay.lstrip("-").isdigit() and int(delay) > 0:
+            # Seam: SCHEDULE_TOPIC_XXXX delivery (§9) comes with the delay issue.
+            raise Refusal(
+                ResponseCode.NO_PERMISSION,
+                f"delayed messages (DELAY={delay}) are not supported by this broker yet",
+            )
+
+    def _check_size(self, body_size: int) -> None:
+        if body_size > self._config.max_message_size:
+            raise Refusal(
+                ResponseCode.MESSAGE_ILLEGAL,
+                f"the message body size {body_size} is larger than maxMessageSize "
+                f"{self._config.max_message_size}",
+            )
+
+    def _split_batch(
+        self,
+        connection: Connection,
+        header: SendMessageRequestHeader,
+        body: bytes,
+        queue_id: int,
+        outer: dict[str, str],
+    ) -> list[MessageToStore]:
+        sys_flag = header.sys_flag
+        if sys_flag & SysFlag.COMPRESSED:
+            # C++ 1.2.3 deflates the whole batch body; inner messages are stored uncompressed.
+            try:
+                body = inflate(body, self._config.max_message_size + MESSAGE_PROPERTIES_SIZE_MAX)
+            except ProtocolError as exc:
+                raise Refusal(
+                    ResponseCode.MESSAGE_ILLEGAL, f"bad compressed batch: {exc}"
+                ) from None
+            sys_flag &= ~SysFlag.COMPRESSED
+        self._check_size(len(body))
+        try:
+            items = decode_batch(body)
+        except ProtocolError as exc:
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
+        if not items:
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
+        messages: list[MessageToStore] = []
+        for item in items:
+            props = decode_properties(item.properties)
+            if _is_true(props.get(TRAN_MSG)) or props.get(DELAY, "0").strip() not in ("", "0"):
+                raise Refusal(
+                    ResponseCode.MESSAGE_ILLEGAL,
+                    "transactional or delayed messages are not allowed in a batch",
+                )
+            props.pop(WAIT, None)
+            props.update(outer)
+            messages.append(
+                MessageToStore(
+                    topic=header.topic,
+                    queue_id=queue_id,
+                    body=item.body,
+                    flag=item.flag,
+                    properties=encode_properties(props),
+                    sys_flag=sys_flag,
+                    born_timestamp=header.born_timestamp,
+                    born_host=connection.peer,
+                    store_host=(self._address.host, self._address.port),
+                    reconsume_times=header.reconsume_times,
+                )
+            )
+        return messages
+
+    # -- answer ------------------------------------------------------------------------------
+
+    async def _answer(
+        self,
+        request: RemotingCommand,
+        header: SendMessageRequestHeader,
+        queue_id: int,
+        results: Sequence[PutResult],
+    ) -> RemotingCommand:
+        failed = next((r for r in results if not r.ok), None)
+        if failed is not None:
+            code = _PUT_STATUS_CODES.get(failed.status, ResponseCode.SYSTEM_ERROR)
+            raise Refusal(
+                code,
+                f"store refused the message to {header.topic}: {failed.status.value} "
+                f"{failed.error}".rstrip(),
+            )
+        msg_ids = ",".join(
+            offset_msg_id(self._address.host, self._address.port, r.physical_offset)
+            for r in results
+        )
+        fields = SendMessageResponseHeader(
+            msg_id=msg_ids, queue_id=queue_id, queue_offset=results[0].queue_offset
+        ).to_fields()
+        end = max(r.physical_offset + r.size for r in results)
+        if not await self._flush.wait_flushed(end):
+            return request.response(
+                ResponseCode.FLUSH_DISK_TIMEOUT,
+                fields,
+                remark=f"stored, but not flushed within {self._config.sync_flush_timeout_ms} ms",
+            )
+        return request.response(ResponseCode.SUCCESS, fields)

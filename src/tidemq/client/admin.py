@@ -1,0 +1,259 @@
+"""Client-side administration: what the `tidemq` CLI (and later the dashboard) asks a cluster.
+
+Every call goes through the same ClientInstance as producers and consumers, to the name servers
+(cluster info, topic list, routes) or to each master broker concerned (topic creation, statistics,
+message lookup), and merges the brokers' answers:
+
+- `create_topic` sends UPDATE_AND_CREATE_TOPIC to every master of a cluster (or one broker);
+- `topic_stats` / `consume_stats` merge per-queue tables across the topic's brokers; consume stats
+  cover the brokers of the topic (if given) and of the group's retry topic, as RocketMQ does;
+- `query_message_by_key` asks every broker of the topic (QUERY_MESSAGE); `view_message` decodes
+  the offsetMsgId into the store host and commit-log offset and asks that broker (VIEW_MESSAGE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from tidemq.clock import Clock
+from tidemq.errors import BrokerError, ClientError, error_for_code
+from tidemq.protocol import message as pm
+from tidemq.protocol.bodies import (
+    ClusterInfo,
+    ConsumeStats,
+    MessageQueue,
+    OffsetWrapper,
+    TopicList,
+    TopicOffset,
+    TopicRouteData,
+    TopicStatsTable,
+)
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.headers import (
+    CreateTopicRequestHeader,
+    DeleteTopicRequestHeader,
+    GetConsumeStatsRequestHeader,
+    GetTopicStatsInfoRequestHeader,
+    QueryMessageRequestHeader,
+    ViewMessageRequestHeader,
+)
+from tidemq.protocol.record import decode_record, decode_records
+
+from .instance import ClientInstance
+from .message import MessageExt
+from .route_cache import master_addresses
+
+# QUERY_MESSAGE answers at most this many messages per broker (the broker caps unique-key
+# queries at 32 as well).
+QUERY_MAX_NUM_DEFAULT: Final = 32
+# Queries scan the index up to this time when no end is given: far in the future.
+_END_OF_TIME_MS: Final = 2**62
+
+
+def _checked(response: RemotingCommand) -> RemotingCommand:
+    if response.code != ResponseCode.SUCCESS:
+        raise error_for_code(response.code, response.remark)
+    return response
+
+
+class Admin:
+    def __init__(
+        self,
+        namesrv_addr: str | Sequence[str],
+        *,
+        clock: Clock | None = None,
+        instance: ClientInstance | None = None,
+        instance_name: str | None = None,
+        timeout_ms: float = 5_000,
+    ) -> None:
+        self._instance = instance or ClientInstance(
+            namesrv_addr, clock=clock, instance_name=instance_name
+        )
+        self.timeout_ms = timeout_ms
+
+    @property
+    def instance(self) -> ClientInstance:
+        return self._instance
+
+    async def start(self) -> None:
+        await self._instance.start()
+
+    async def shutdown(self) -> None:
+        await self._instance.shutdown()
+
+    async def __aenter__(self) -> Admin:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    async def _namesrv(self, code: int, fields: dict[str, str] | None = None) -> RemotingCommand:
+        cmd = RemotingCommand(code=code, ext_fields=fields or {})
+        return _checked(await self._instance.invoke_namesrv(cmd, self.timeout_ms))
+
+    async def _broker(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:
+        return await self._instance.remoting.invoke(addr, cmd, self.timeout_ms)
+
+    # -- name server -----------------------------------------------------------------------
+
+    async def cluster_info(self) -> ClusterInfo:
+        return ClusterInfo.from_json(
+            (await self._namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)).body
+        )
+
+    async def topic_list(self) -> list[str]:
+        response = await self._namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+        return sorted(TopicList.from_json(response.body).topic_list)
+
+    async def topic_route(self, topic: str) -> TopicRouteData:
+        return await self._instance.fetch_route(topic)
+
+    async def master_addresses(self, cluster: str | None = None) -> list[str]:
+        """Master addresses of `cluster` (every cluster when None), sorted."""
+        info = await self.cluster_info()
+        names = (
+            info.cluster_addr_table.get(cluster, [])
+            if cluster is not None
+            else list(info.broker_addr_table)
+        )
+        addrs = [
+            info.broker_addr_table[name].broker_addrs.get(pm.MASTER_BROKER_ID)
+            for name in names
+            if name in info.broker_addr_table
+        ]
+        return sorted(a for a in addrs if a)
+
+    # -- topics ----------------------------------------------------------------------------
+
+    async def create_topic(
+        self,
+        topic: str,
+        *,
+        cluster: str | None = None,
+        broker_addr: str | None = None,
+        read_queue_nums: int = 8,
+        write_queue_nums: int = 8,
+        perm: int = 6,
+        order: bool = False,
+    ) -> list[str]:
+        """Create or update `topic` on one broker, or every master of `cluster` (or of every
+        cluster); returns the broker addresses it was created on.
+
+        Raises:
+            ClientError: no broker to create it on.
+            BrokerError: a broker refused.
+        """
+        pm.validate_topic(topic)
+        addrs = [broker_addr] if broker_addr else await self.master_addresses(cluster)
+        if not addrs:
+            raise ClientError(f"no master broker found for cluster {cluster!r}")
+        header = CreateTopicRequestHeader(
+            topic=topic,
+            read_queue_nums=read_queue_nums,
+            write_queue_nums=write_queue_nums,
+            perm=perm,
+            order=order,
+        )
+        for addr in addrs:
+            cmd = RemotingCommand(
+                code=RequestCode.UPDATE_AND_CREATE_TOPIC, ext_fields=header.to_fields()
+            )
+            _checked(await self._broker(addr, cmd))
+        return addrs
+
+    async def delete_topic(self, topic: str, *, cluster: str | None = None) -> None:
+        """Delete `topic` from the masters of `cluster` (all clusters when None), then from the
+        name servers' route table."""
+        header = DeleteTopicRequestHeader(topic=topic)
+        for addr in await self.master_addresses(cluster):
+            cmd = RemotingCommand(
+                code=RequestCode.DELETE_TOPIC_IN_BROKER, ext_fields=header.to_fields()
+            )
+            _checked(await self._broker(addr, cmd))
+        namesrv_header = DeleteTopicRequestHeader(topic=topic, cluster_name=cluster)
+        await self._namesrv(RequestCode.DELETE_TOPIC_IN_NAMESRV, namesrv_header.to_fields())
+        self._instance.routes.forget(topic)
+
+    async def topic_stats(self, topic: str) -> TopicStatsTable:
+        """Min/max offset and last update time of every queue of `topic`, all brokers merged."""
+        route = await self._instance.fetch_route(topic)
+        table: dict[MessageQueue, TopicOffset] = {}
+        header = GetTopicStatsInfoRequestHeader(topic=topic)
+        for addr in sorted(master_addresses(route).values()):
+            cmd = RemotingCommand(
+                code=RequestCode.GET_TOPIC_STATS_INFO, ext_fields=header.to_fields()
+            )
+            response = _checked(await self._broker(addr, cmd))
+            table.update(TopicStatsTable.from_json(response.body).offset_table)
+        return TopicStatsTable(offset_table=dict(sorted(table.items())))
+
+    async def consume_stats(self, group: str, topic: str | None = None) -> ConsumeStats:
+        """Broker offset vs. the group's committed offset per queue (the group's lag)."""
+        addrs: set[str] = set()
+        for name in [pm.retry_topic(group)] + ([topic] if topic else []):
+            try:
+                addrs.update(master_addresses(await self._instance.fetch_route(name)).values())
+            except BrokerError as exc:
+                if exc.response_code != ResponseCode.TOPIC_NOT_EXIST:
+                    raise
+        table: dict[MessageQueue, OffsetWrapper] = {}
+        tps = 0.0
+        header = GetConsumeStatsRequestHeader(consumer_group=group, topic=topic)
+        for addr in sorted(addrs):
+            cmd = RemotingCommand(code=RequestCode.GET_CONSUME_STATS, ext_fields=header.to_fields())
+            response = _checked(await self._broker(addr, cmd))
+            stats = ConsumeStats.from_json(response.body)
+            table.update(stats.offset_table)
+            tps += stats.consume_tps
+        return ConsumeStats(offset_table=dict(sorted(table.items())), consume_tps=tps)
+
+    # -- messages --------------------------------------------------------------------------
+
+    async def query_message_by_key(
+        self,
+        topic: str,
+        key: str,
+        *,
+        max_num: int = QUERY_MAX_NUM_DEFAULT,
+        begin_ms: int = 0,
+        end_ms: int = _END_OF_TIME_MS,
+        unique_key: bool = False,
+    ) -> list[MessageExt]:
+        """Messages of `topic` with `key` among their KEYS (or whose UNIQ_KEY is `key` when
+        `unique_key`), from every broker of the topic, ordered by store time."""
+        route = await self._instance.fetch_route(topic)
+        header = QueryMessageRequestHeader(
+            topic=topic,
+            key=key,
+            max_num=max_num,
+            begin_timestamp=begin_ms,
+            end_timestamp=end_ms,
+            unique_key_query=unique_key,
+        )
+        found: list[MessageExt] = []
+        for name, addr in sorted(master_addresses(route).items()):
+            cmd = RemotingCommand(code=RequestCode.QUERY_MESSAGE, ext_fields=header.to_fields())
+            response = await self._broker(addr, cmd)
+            if response.code == ResponseCode.QUERY_NOT_FOUND:
+                continue
+            _checked(response)
+            for stored in decode_records(response.body):
+                message = MessageExt.from_stored(stored, name)
+                if unique_key or key in message.keys or message.msg_id == key:
+                    found.append(message)
+        return sorted(found, key=lambda m: (m.store_timestamp, m.broker_name, m.queue_offset))
+
+    async def view_message(self, offset_msg_id: str) -> MessageExt:
+        """The message an offsetMsgId names (store host + commit-log offset)."""
+        host, port, physical_offset = pm.decode_offset_msg_id(offset_msg_id)
+        addr = f"{host}:{port}"
+        cmd = RemotingCommand(
+            code=RequestCode.VIEW_MESSAGE_BY_ID,
+            ext_fields=ViewMessageRequestHeader(offset=physical_offset).to_fields(),
+        )
+        response = _checked(await self._broker(addr, cmd))
+        broker_name = self._instance.routes.broker_name_of(addr) or ""
+        return MessageExt.from_stored(decode_record(response.body), broker_name)

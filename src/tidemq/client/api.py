@@ -1,0 +1,266 @@
+"""One coroutine per broker request a consumer or admin tool makes, over a ClientInstance.
+
+Each turns a typed header into a RemotingCommand, sends it to the master of the queue's broker and
+turns the answer into Python values, raising `tidemq.errors.BrokerError` subclasses for codes the
+caller does not expect. The push consumer, the pull consumer and the admin client share them, so
+the wire use of each code lives in one place. `decode_pull_response` is pure (unit-tested).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Final
+
+from tidemq.errors import BrokerError, ClientError, ProtocolError, error_for_code
+from tidemq.protocol import message as pm
+from tidemq.protocol.bodies import (
+    ConsumerListBody,
+    LockBatchRequestBody,
+    LockBatchResponseBody,
+    MessageQueue,
+    UnlockBatchRequestBody,
+)
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.headers import (
+    ConsumerSendMsgBackRequestHeader,
+    EarliestMsgStoretimeResponseHeader,
+    GetConsumerListByGroupRequestHeader,
+    GetEarliestMsgStoretimeRequestHeader,
+    GetMaxOffsetRequestHeader,
+    GetMinOffsetRequestHeader,
+    OffsetResponseHeader,
+    PullMessageRequestHeader,
+    PullMessageResponseHeader,
+    QueryConsumerOffsetRequestHeader,
+    SearchOffsetRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+)
+from tidemq.protocol.record import decode_records
+
+from .instance import ClientInstance
+from .message import MessageExt, PullResult, PullStatus
+
+logger = logging.getLogger(__name__)
+
+_PULL_STATUS: Final[dict[int, PullStatus]] = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+
+
+def _checked(response: RemotingCommand, *ok: int) -> RemotingCommand:
+    if response.code not in (ResponseCode.SUCCESS, *ok):
+        raise error_for_code(response.code, response.remark)
+    return response
+
+
+def decode_pull_response(
+    response: RemotingCommand, mq: MessageQueue, tag_filter: pm.TagFilter
+) -> PullResult:
+    """The PullResult of a PULL_MESSAGE answer (BrokerError for a non-pull code).
+
+    Messages are filtered again by tag string: the broker filters by tag hash, and hashes collide.
+    """
+    status = _PULL_STATUS.get(response.code)
+    if status is None:
+        raise error_for_code(response.code, response.remark)
+    header = PullMessageResponseHeader.from_fields(response.ext_fields)
+    messages: list[MessageExt] = []
+    if status is PullStatus.FOUND:
+        for stored in decode_records(response.body):
+            message = MessageExt.from_stored(stored, mq.broker_name)
+            if tag_filter.matches_all or tag_filter.matches_tag(message.tags):
+                messages.append(message)
+    return PullResult(
+        status=status,
+        next_begin_offset=header.next_begin_offset,
+        min_offset=header.min_offset,
+        max_offset=header.max_offset,
+        messages=messages,
+    )
+
+
+async def pull(
+    instance: ClientInstance,
+    mq: MessageQueue,
+    *,
+    group: str,
+    expression: str,
+    offset: int,
+    max_nums: int,
+    sys_flag: int,
+    commit_offset: int = 0,
+    suspend_ms: int = 0,
+    timeout_ms: float,
+    sub_version: int = 0,
+) -> PullResult:
+    header = PullMessageRequestHeader(
+        consumer_group=group,
+        topic=mq.topic,
+        queue_id=mq.queue_id,
+        queue_offset=offset,
+        max_msg_nums=max_nums,
+        sys_flag=sys_flag,
+        commit_offset=commit_offset,
+        suspend_timeout_millis=suspend_ms,
+        subscription=expression,
+        sub_version=sub_version,
+        expression_type=pm.EXPRESSION_TYPE_TAG,
+    )
+    cmd = RemotingCommand(code=RequestCode.PULL_MESSAGE, ext_fields=header.to_fields())
+    response = await instance.invoke_broker(mq.broker_name, cmd, timeout_ms)
+    return decode_pull_response(response, mq, pm.parse_tag_expression(expression))
+
+
+async def query_consumer_offset(instance: ClientInstance, group: str, mq: MessageQueue) -> int:
+    """The group's stored next offset for `mq`, or -1 if the broker has none (code 22)."""
+    header = QueryConsumerOffsetRequestHeader(
+        consumer_group=group, topic=mq.topic, queue_id=mq.queue_id
+    )
+    cmd = RemotingCommand(code=RequestCode.QUERY_CONSUMER_OFFSET, ext_fields=header.to_fields())
+    response = _checked(
+        await instance.invoke_broker(mq.broker_name, cmd), ResponseCode.QUERY_NOT_FOUND
+    )
+    if response.code == ResponseCode.QUERY_NOT_FOUND:
+        return -1
+    return OffsetResponseHeader.from_fields(response.ext_fields).offset
+
+
+async def update_consumer_offset(
+    instance: ClientInstance, group: str, mq: MessageQueue, offset: int
+) -> None:
+    header = UpdateConsumerOffsetRequestHeader(
+        consumer_group=group, topic=mq.topic, queue_id=mq.queue_id, commit_offset=offset
+    )
+    cmd = RemotingCommand(code=RequestCode.UPDATE_CONSUMER_OFFSET, ext_fields=header.to_fields())
+    _checked(await instance.invoke_broker(mq.broker_name, cmd))
+
+
+async def _offset_request(instance: ClientInstance, mq: MessageQueue, cmd: RemotingCommand) -> int:
+    response = _checked(await instance.invoke_broker(mq.broker_name, cmd))
+    return OffsetResponseHeader.from_fields(response.ext_fields).offset
+
+
+async def max_offset(instance: ClientInstance, mq: MessageQueue) -> int:
+    """The next offset to be written in `mq` (its message count since the start)."""
+    header = GetMaxOffsetRequestHeader(topic=mq.topic, queue_id=mq.queue_id)
+    return await _offset_request(
+        instance,
+        mq,
+        RemotingCommand(code=RequestCode.GET_MAX_OFFSET, ext_fields=header.to_fields()),
+    )
+
+
+async def min_offset(instance: ClientInstance, mq: MessageQueue) -> int:
+    header = GetMinOffsetRequestHeader(topic=mq.topic, queue_id=mq.queue_id)
+    return await _offset_request(
+        instance,
+        mq,
+        RemotingCommand(code=RequestCode.GET_MIN_OFFSET, ext_fields=header.to_fields()),
+    )
+
+
+async def search_offset(instance: ClientInstance, mq: MessageQueue, timestamp_ms: int) -> int:
+    """The offset of the message stored nearest to `timestamp_ms` (§4.7)."""
+    header = SearchOffsetRequestHeader(topic=mq.topic, queue_id=mq.queue_id, timestamp=timestamp_ms)
+    cmd = RemotingCommand(
+        code=RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, ext_fields=header.to_fields()
+    )
+    return await _offset_request(instance, mq, cmd)
+
+
+async def earliest_store_time(instance: ClientInstance, mq: MessageQueue) -> int:
+    header = GetEarliestMsgStoretimeRequestHeader(topic=mq.topic, queue_id=mq.queue_id)
+    cmd = RemotingCommand(
+        code=RequestCode.GET_EARLIEST_MSG_STORETIME, ext_fields=header.to_fields()
+    )
+    response = _checked(await instance.invoke_broker(mq.broker_name, cmd))
+    return EarliestMsgStoretimeResponseHeader.from_fields(response.ext_fields).timestamp
+
+
+async def consumer_ids(instance: ClientInstance, group: str, broker_addr: str) -> list[str]:
+    """The ids of the group's live consumers, as one broker knows them, sorted."""
+    header = GetConsumerListByGroupRequestHeader(consumer_group=group)
+    cmd = RemotingCommand(
+        code=RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields=header.to_fields()
+    )
+    response = _checked(
+        await instance.remoting.invoke(broker_addr, cmd, instance.request_timeout_ms)
+    )
+    return sorted(ConsumerListBody.from_json(response.body).consumer_id_list)
+
+
+async def lock_batch(
+    instance: ClientInstance, group: str, broker_name: str, mqs: Iterable[MessageQueue]
+) -> set[MessageQueue]:
+    """LOCK_BATCH_MQ: the subset of `mqs` (all on `broker_name`) now locked by this client."""
+    body = LockBatchRequestBody(
+        consumer_group=group, client_id=instance.client_id, mq_set=frozenset(mqs)
+    )
+    cmd = RemotingCommand(code=RequestCode.LOCK_BATCH_MQ, body=body.to_json())
+    response = _checked(await instance.invoke_broker(broker_name, cmd))
+    return set(LockBatchResponseBody.from_json(response.body).lock_ok_mq_set)
+
+
+async def unlock_batch(
+    instance: ClientInstance, group: str, broker_name: str, mqs: Iterable[MessageQueue]
+) -> None:
+    body = UnlockBatchRequestBody(
+        consumer_group=group, client_id=instance.client_id, mq_set=frozenset(mqs)
+    )
+    cmd = RemotingCommand(code=RequestCode.UNLOCK_BATCH_MQ, body=body.to_json())
+    _checked(await instance.invoke_broker(broker_name, cmd))
+
+
+async def send_back(
+    instance: ClientInstance,
+    group: str,
+    message: MessageExt,
+    *,
+    delay_level: int,
+    max_reconsume_times: int,
+) -> None:
+    """CONSUMER_SEND_MSG_BACK: the broker re-delivers `message` later via %RETRY%<group>
+    (delay level 0: the broker picks 3 + reconsume times) or parks it in %DLQ%<group> (-1)."""
+    header = ConsumerSendMsgBackRequestHeader(
+        offset=message.commit_log_offset,
+        group=group,
+        delay_level=delay_level,
+        origin_msg_id=message.properties.get(pm.ORIGIN_MESSAGE_ID) or message.msg_id,
+        origin_topic=message.topic,
+        max_reconsume_times=max_reconsume_times,
+    )
+    cmd = RemotingCommand(code=RequestCode.CONSUMER_SEND_MSG_BACK, ext_fields=header.to_fields())
+    _checked(await instance.invoke_broker(message.broker_name, cmd))
+
+
+def _by_broker(mqs: Iterable[MessageQueue]) -> dict[str, list[MessageQueue]]:
+    grouped: dict[str, list[MessageQueue]] = {}
+    for mq in mqs:
+        grouped.setdefault(mq.broker_name, []).append(mq)
+    return dict(sorted(grouped.items()))
+
+
+async def lock_queues(
+    instance: ClientInstance, group: str, mqs: Iterable[MessageQueue]
+) -> set[MessageQueue]:
+    """Lock `mqs` (any brokers) for this client; the locked subset. Failures are logged."""
+    locked: set[MessageQueue] = set()
+    for broker_name, queues in _by_broker(mqs).items():
+        try:
+            locked |= await lock_batch(instance, group, broker_name, queues)
+        except (ClientError, BrokerError, ProtocolError) as exc:
+            logger.warning("%s: lock on %s failed: %s", group, broker_name, exc)
+    return locked
+
+
+async def unlock_queues(instance: ClientInstance, group: str, mqs: Iterable[MessageQueue]) -> None:
+    for broker_name, queues in _by_broker(mqs).items():
+        try:
+            await unlock_batch(instance, group, broker_name, queues)
+        except (ClientError, BrokerError, ProtocolError) as exc:
+            logger.warning("%s: unlock on %s failed: %s", group, broker_name, exc)

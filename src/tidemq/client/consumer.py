@@ -1,0 +1,576 @@
+"""The asyncio push consumer: rebalance, long-poll pulls per queue, listener calls, offsets.
+
+    rebalance (every 10 s, and at once on NOTIFY_CONSUMER_IDS_CHANGED)
+      per subscribed topic: route → readable queues; clustering: consumer ids from one broker of
+      the topic → allocate_averagely (rebalance.py); broadcasting: every queue
+      new queue → first offset (stored offset, else the CONSUME_FROM_* rule of offset_store.py)
+                → orderly: LOCK_BATCH_MQ first → start its pull loop
+      dropped queue → stop its pull loop, commit its offset, orderly: UNLOCK_BATCH_MQ
+    pull loop (one task per queue)
+      wait while the queue caches ≥ pull_threshold messages (flow control)
+      PULL_MESSAGE sysFlag SUSPEND|SUBSCRIPTION(|COMMIT_OFFSET): held ≤ 15 s, 30 s timeout
+      → ProcessQueue → listener; on a transport error wait 3 s and try again
+    listener
+      concurrent: batches of ≤ consume_batch_max run as tasks, ≤ consume_concurrency at once. A
+        failed batch (RECONSUME_LATER or an exception) is sent back (CONSUMER_SEND_MSG_BACK, delay
+        level 0, so the broker re-delivers it through %RETRY%<group> after 10 s, 30 s, …); a message
+        whose send-back fails stays in the process queue and is retried locally after 5 s. The
+        committed offset is the lowest unfinished message (process_queue.py).
+      orderly: one batch at a time per queue, only while its broker lock is held (renewed every
+        20 s). SUSPEND_CURRENT_QUEUE_A_MOMENT (or an exception) retries the same batch after
+        `suspend_current_queue_ms`; once a batch has failed max_reconsume_times times it is sent
+        to the dead-letter queue (send-back with delay level -1) and consumption moves on.
+    offsets committed every 5 s and at shutdown: clustering to the broker, broadcasting to a JSON
+      file under `offset_store_dir`.
+
+Clustering consumers also subscribe `%RETRY%<group>` with "*"; messages from it reach the listener
+with their original topic restored from the RETRY_TOPIC property.
+
+Listeners may be sync (run in a thread pool of `consume_concurrency` threads) or async callables
+taking list[MessageExt]; returning None or a success status is success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from tidemq.clock import Clock
+from tidemq.errors import BrokerError, ClientError, ProtocolError, QueueError
+from tidemq.limits import MIB, PULL_SUSPEND_MS_DEFAULT, PULL_TIMEOUT_MS_DEFAULT
+from tidemq.protocol import message as pm
+from tidemq.protocol.bodies import ConsumerData, MessageQueue
+from tidemq.protocol.headers import PullSysFlag
+
+from . import api
+from .instance import ClientInstance
+from .listener import Listener, Subscription, call_listener, restore_retry_topic
+from .message import (
+    ConsumeFromWhere,
+    MessageExt,
+    MessageModel,
+    PullStatus,
+)
+from .offset_store import InitialOffset, LocalOffsetFile, OffsetTable, initial_offset_rule
+from .process_queue import ProcessQueue
+from .rebalance import allocate_averagely, diff_assignment
+from .route_cache import master_addresses, subscribe_queues
+
+logger = logging.getLogger(__name__)
+
+REBALANCE_INTERVAL_MS: Final = 10_000
+PERSIST_INTERVAL_MS: Final = 5_000
+LOCK_RENEW_INTERVAL_MS: Final = 20_000
+# A lock not renewed for this long is not trusted for consuming (broker expiry is 60 s).
+LOCK_TRUST_MS: Final = 30_000
+# Pause after a failed pull, as RocketMQ's pullTimeDelayMillsWhenException.
+PULL_ERROR_DELAY_MS: Final = 3_000
+# Delay before a locally retried message (its send-back failed) is consumed again.
+LOCAL_RETRY_DELAY_MS: Final = 5_000
+# How long shutdown waits for listener calls already running before committing offsets.
+SHUTDOWN_CONSUME_WAIT_MS: Final = 10_000
+# Flow control per queue, as RocketMQ's pullThresholdForQueue / pullThresholdSizeForQueue.
+PULL_THRESHOLD_MESSAGES_DEFAULT: Final = 1_000
+PULL_THRESHOLD_BYTES_DEFAULT: Final = 100 * MIB
+
+
+@dataclass(slots=True)
+class _QueueState:
+    mq: MessageQueue
+    pq: ProcessQueue
+    next_offset: int
+    tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+
+
+class PushConsumer:
+    """Consumes the subscribed topics for `group`, calling the registered listener."""
+
+    def __init__(
+        self,
+        group: str,
+        namesrv_addr: str | Sequence[str],
+        *,
+        message_model: MessageModel = MessageModel.CLUSTERING,
+        consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+        consume_timestamp_ms: int | None = None,
+        consume_concurrency: int = 20,
+        pull_batch_size: int = 32,
+        consume_batch_max: int = 1,
+        max_reconsume_times: int = 16,
+        orderly: bool = False,
+        pull_threshold_messages: int = PULL_THRESHOLD_MESSAGES_DEFAULT,
+        pull_threshold_bytes: int = PULL_THRESHOLD_BYTES_DEFAULT,
+        suspend_current_queue_ms: int = 1_000,
+        offset_store_dir: Path | str | None = None,
+        rebalance_interval_ms: float = REBALANCE_INTERVAL_MS,
+        persist_interval_ms: float = PERSIST_INTERVAL_MS,
+        clock: Clock | None = None,
+        instance: ClientInstance | None = None,
+        instance_name: str | None = None,
+    ) -> None:
+        pm.validate_group(group)
+        if consume_concurrency < 1 or pull_batch_size < 1 or consume_batch_max < 1:
+            raise ValueError("consume_concurrency, pull_batch_size, consume_batch_max must be >= 1")
+        self._group = group
+        self._instance = instance or ClientInstance(
+            namesrv_addr, clock=clock, instance_name=instance_name
+        )
+        self._clock = self._instance.clock
+        self.message_model = MessageModel(message_model)
+        self.consume_from_where = ConsumeFromWhere(consume_from_where)
+        self.consume_timestamp_ms = consume_timestamp_ms
+        self.pull_batch_size = pull_batch_size
+        self.consume_batch_max = consume_batch_max
+        self.max_reconsume_times = max_reconsume_times
+        self.orderly = orderly
+        self.pull_threshold_messages = pull_threshold_messages
+        self.pull_threshold_bytes = pull_threshold_bytes
+        self.suspend_current_queue_ms = suspend_current_queue_ms
+        self._rebalance_interval_ms = rebalance_interval_ms
+        self._persist_interval_ms = persist_interval_ms
+        self._subscriptions: dict[str, Subscription] = {}
+        self._listener: Listener | None = None
+        self._queues: dict[MessageQueue, _QueueState] = {}
+        self._offsets = OffsetTable()
+        self._offset_file: LocalOffsetFile | None = None
+        if self.message_model is MessageModel.BROADCASTING:
+            base = Path(offset_store_dir) if offset_store_dir else Path.home() / ".tidemq_offsets"
+            # Keyed by a name stable across restarts (not the client id, which has the pid).
+            label = instance_name or (instance.instance_name if instance else "DEFAULT")
+            self._offset_file = LocalOffsetFile.for_group(base, label, group)
+        self._semaphore = asyncio.Semaphore(consume_concurrency)
+        self._executor = ThreadPoolExecutor(
+            consume_concurrency, thread_name_prefix=f"tidemq-{group}"
+        )
+        self._rebalance_wanted = asyncio.Event()
+        self._rebalance_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._consuming: set[asyncio.Task[None]] = set()
+        self._retrying: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._closed = False
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @property
+    def group(self) -> str:
+        return self._group
+
+    @property
+    def instance(self) -> ClientInstance:
+        return self._instance
+
+    @property
+    def clustering(self) -> bool:
+        return self.message_model is MessageModel.CLUSTERING
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Consume `topic` messages whose tag matches `expression` ("*", "TagA || TagB")."""
+        pm.validate_topic(topic)
+        self._subscriptions[topic] = Subscription.parse(topic, expression, self._clock.now_ms())
+        if self._started:
+            self.trigger_rebalance()
+
+    def register_listener(self, listener: Listener) -> None:
+        self._listener = listener
+
+    # -- what the instance asks ------------------------------------------------------------
+
+    def consumer_data(self) -> ConsumerData:
+        return ConsumerData(
+            group_name=self._group,
+            consume_type=pm.ConsumeType.CONSUME_PASSIVELY,
+            message_model=self.message_model,
+            consume_from_where=self.consume_from_where,
+            subscription_data_set=[s.to_data() for _, s in sorted(self._subscriptions.items())],
+            unit_mode=False,
+        )
+
+    def topics(self) -> list[str]:
+        return sorted(self._subscriptions)
+
+    def trigger_rebalance(self) -> None:
+        self._rebalance_wanted.set()
+
+    def assigned_queues(self) -> list[MessageQueue]:
+        return sorted(self._queues)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        if self._listener is None:
+            raise ValueError("register_listener() before start()")
+        if not self._subscriptions:
+            raise ValueError("subscribe() to at least one topic before start()")
+        if self.clustering:
+            retry = pm.retry_topic(self._group)
+            self._subscriptions.setdefault(
+                retry, Subscription.parse(retry, pm.SUB_ALL, self._clock.now_ms())
+            )
+        elif self._offset_file is not None:
+            for mq, offset in self._offset_file.load().items():
+                self._offsets.update(mq, offset)
+        self._instance.register_consumer(self)
+        await self._instance.start()
+        self._started = True
+        await self._instance.refresh_routes()
+        await self._instance.heartbeat()
+        self._tasks = [
+            asyncio.create_task(self._rebalance_loop()),
+            asyncio.create_task(self._persist_loop()),
+        ]
+        if self.orderly and self.clustering:
+            self._tasks.append(asyncio.create_task(self._lock_loop()))
+
+    async def shutdown(self) -> None:
+        """Stop pulling, let running listener calls finish, commit offsets, unlock, unregister."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._started:
+            self._executor.shutdown(wait=False)
+            return
+        # Pull loops and orderly loops stop at once (an orderly batch cut short is re-delivered);
+        # concurrent listener calls already running finish and their offsets count.
+        loops = [*self._tasks, *(t for s in self._queues.values() for t in s.tasks)]
+        for task in [*loops, *self._retrying]:
+            task.cancel()
+        await asyncio.gather(*loops, *self._retrying, return_exceptions=True)
+        if self._consuming:
+            await asyncio.wait(self._consuming, timeout=SHUTDOWN_CONSUME_WAIT_MS / 1000)
+        for state in self._queues.values():
+            state.pq.drop()
+        await self._persist(all_queues=True)
+        if self.orderly and self.clustering:
+            await self._unlock(list(self._queues))
+        self._queues.clear()
+        await self._instance.unregister_consumer(self._group)
+        await self._instance.shutdown()
+        self._executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> PushConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._consuming.add(task)
+        task.add_done_callback(self._consuming.discard)
+
+    # -- rebalance -------------------------------------------------------------------------
+
+    async def _rebalance_loop(self) -> None:
+        while True:
+            self._rebalance_wanted.clear()
+            try:
+                await self.rebalance()
+            except Exception:
+                logger.exception("%s: rebalance failed", self._group)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._rebalance_interval_ms / 1000):
+                    await self._rebalance_wanted.wait()
+
+    async def rebalance(self) -> None:
+        """One rebalance round over every subscribed topic."""
+        async with self._rebalance_lock:
+            for topic in sorted(self._subscriptions):
+                mine = await self._allocate(topic)
+                if mine is not None:
+                    await self._update_assignment(topic, mine)
+
+    async def _allocate(self, topic: str) -> list[MessageQueue] | None:
+        """This consumer's queues of `topic`; None means "unknown, change nothing this round"."""
+        try:
+            route = await self._instance.route(topic)
+        except QueueError as exc:
+            logger.debug("%s: no route for %s yet: %s", self._group, topic, exc)
+            return None
+        queues = subscribe_queues(topic, route)
+        if not self.clustering:
+            return queues
+        for addr in sorted(master_addresses(route).values()):
+            try:
+                ids = await api.consumer_ids(self._instance, self._group, addr)
+            except (ClientError, BrokerError, ProtocolError) as exc:
+                logger.info("%s: consumer list from %s failed: %s", self._group, addr, exc)
+                continue
+            if self._instance.client_id not in ids:
+                # The broker has not seen our heartbeat yet: say hello and wait for next round.
+                await self._instance.heartbeat()
+                return None
+            return allocate_averagely(self._instance.client_id, queues, ids)
+        return None
+
+    async def _update_assignment(self, topic: str, mine: list[MessageQueue]) -> None:
+        current = [mq for mq in self._queues if mq.topic == topic]
+        added, removed = diff_assignment(current, mine)
+        for mq in removed:
+            await self._drop_queue(mq)
+        if added and self.orderly and self.clustering:
+            locked = await self._lock(added)
+            added = [mq for mq in added if mq in locked]
+        for mq in added:
+            try:
+                offset = await self._initial_offset(mq)
+            except (ClientError, BrokerError, ProtocolError) as exc:
+                logger.warning("%s: no start offset for %s yet: %s", self._group, mq, exc)
+                continue
+            self._offsets.update(mq, offset, increase_only=False)
+            state = _QueueState(mq, ProcessQueue(), offset)
+            if self.orderly and self.clustering:
+                state.pq.locked = True
+                state.pq.lock_renewed_at_ms = self._clock.monotonic_ms()
+            state.tasks.append(asyncio.create_task(self._pull_loop(state)))
+            if self.orderly:
+                state.tasks.append(asyncio.create_task(self._orderly_loop(state)))
+            self._queues[mq] = state
+            logger.info("%s: consuming %s from offset %d", self._group, mq, offset)
+
+    async def _drop_queue(self, mq: MessageQueue) -> None:
+        state = self._queues.pop(mq)
+        state.pq.drop()
+        for task in state.tasks:
+            task.cancel()
+        await asyncio.gather(*state.tasks, return_exceptions=True)
+        offset = self._offsets.get(mq)
+        if offset is not None and self.clustering:
+            try:
+                await api.update_consumer_offset(self._instance, self._group, mq, offset)
+            except (ClientError, BrokerError) as exc:
+                logger.warning("%s: commit of dropped %s failed: %s", self._group, mq, exc)
+        if self.clustering:
+            self._offsets.remove(mq)
+        if self.orderly and self.clustering:
+            await self._unlock([mq])
+        logger.info("%s: stopped consuming %s", self._group, mq)
+
+    async def _initial_offset(self, mq: MessageQueue) -> int:
+        if self.clustering:
+            stored = await api.query_consumer_offset(self._instance, self._group, mq)
+        else:
+            known = self._offsets.get(mq)
+            stored = -1 if known is None else known
+        if stored >= 0:
+            return stored
+        rule = initial_offset_rule(self.consume_from_where, mq.topic)
+        if rule is InitialOffset.ZERO:
+            return 0
+        if rule is InitialOffset.BY_TIMESTAMP and self.consume_timestamp_ms is not None:
+            return await api.search_offset(self._instance, mq, self.consume_timestamp_ms)
+        return await api.max_offset(self._instance, mq)
+
+    # -- pulling ---------------------------------------------------------------------------
+
+    async def _pull_loop(self, state: _QueueState) -> None:
+        mq, pq = state.mq, state.pq
+        subscription = self._subscriptions[mq.topic]
+        while not pq.dropped:
+            await pq.wait_below(self.pull_threshold_messages, self.pull_threshold_bytes)
+            if pq.dropped:
+                return
+            needs_lock = self.orderly and self.clustering and not pq.locked
+            if needs_lock and mq not in await self._lock([mq]):
+                await asyncio.sleep(PULL_ERROR_DELAY_MS / 1000)
+                continue
+            committed = self._offsets.get(mq) if self.clustering else None
+            sys_flag = PullSysFlag.SUSPEND | PullSysFlag.SUBSCRIPTION
+            if committed is not None and committed > 0:
+                sys_flag |= PullSysFlag.COMMIT_OFFSET
+            try:
+                result = await api.pull(
+                    self._instance,
+                    mq,
+                    group=self._group,
+                    expression=subscription.expression,
+                    offset=state.next_offset,
+                    max_nums=self.pull_batch_size,
+                    sys_flag=int(sys_flag),
+                    commit_offset=committed or 0,
+                    suspend_ms=PULL_SUSPEND_MS_DEFAULT,
+                    timeout_ms=PULL_TIMEOUT_MS_DEFAULT,
+                    sub_version=subscription.sub_version,
+                )
+            except (ClientError, BrokerError, ProtocolError) as exc:
+                logger.warning("%s: pull %s failed: %s", self._group, mq, exc)
+                await asyncio.sleep(PULL_ERROR_DELAY_MS / 1000)
+                continue
+            if pq.dropped:
+                return
+            state.next_offset = result.next_begin_offset
+            if result.status is PullStatus.OFFSET_ILLEGAL:
+                logger.warning(
+                    "%s: offset of %s illegal, moving to %d", self._group, mq, state.next_offset
+                )
+                self._offsets.update(mq, state.next_offset, increase_only=False)
+                continue
+            added = pq.put(result.messages)
+            if added:
+                self._dispatch(state, added)
+            elif pq.cached_count == 0:
+                # Nothing pending (e.g. every message filtered out): the offset may move on.
+                self._offsets.update(mq, state.next_offset)
+
+    def _dispatch(self, state: _QueueState, messages: list[MessageExt]) -> None:
+        if self.orderly:
+            state.pq.notify()
+            return
+        for start in range(0, len(messages), self.consume_batch_max):
+            batch = messages[start : start + self.consume_batch_max]
+            self._spawn(self._consume_concurrently(state, batch))
+
+    # -- consuming -------------------------------------------------------------------------
+
+    def _restore_topic(self, message: MessageExt) -> MessageExt:
+        return restore_retry_topic(message, self._group)
+
+    async def _call_listener(self, messages: list[MessageExt]) -> bool:
+        assert self._listener is not None
+        view = [self._restore_topic(m) for m in messages]
+        return await call_listener(self._listener, view, self._executor, self._group)
+
+    async def _consume_concurrently(self, state: _QueueState, messages: list[MessageExt]) -> None:
+        async with self._semaphore:
+            if state.pq.dropped or self._closed:
+                return
+            ok = await self._call_listener(messages)
+        done = messages
+        if not ok and self.clustering:
+            done, failed = [], []
+            for message in messages:
+                try:
+                    await api.send_back(
+                        self._instance,
+                        self._group,
+                        self._restore_topic(message),
+                        delay_level=0,
+                        max_reconsume_times=self.max_reconsume_times,
+                    )
+                    done.append(message)
+                except (ClientError, BrokerError) as exc:
+                    logger.warning("%s: send-back failed, retrying locally: %s", self._group, exc)
+                    failed.append(
+                        dataclasses.replace(message, reconsume_times=message.reconsume_times + 1)
+                    )
+            if failed:
+                retry = asyncio.create_task(self._retry_later(state, failed))
+                self._retrying.add(retry)
+                retry.add_done_callback(self._retrying.discard)
+        elif not ok:
+            logger.warning("%s: broadcasting consumer drops %d failed", self._group, len(messages))
+        offset = state.pq.remove(done)
+        if offset >= 0 and not state.pq.dropped:
+            self._offsets.update(state.mq, offset)
+
+    async def _retry_later(self, state: _QueueState, messages: list[MessageExt]) -> None:
+        await asyncio.sleep(LOCAL_RETRY_DELAY_MS / 1000)
+        if not state.pq.dropped and not self._closed:
+            await self._consume_concurrently(state, messages)
+
+    def _lock_trusted(self, pq: ProcessQueue) -> bool:
+        if not self.clustering:
+            return True
+        age_ms = self._clock.monotonic_ms() - pq.lock_renewed_at_ms
+        return pq.locked and age_ms < LOCK_TRUST_MS
+
+    async def _orderly_loop(self, state: _QueueState) -> None:
+        pq = state.pq
+        while not pq.dropped:
+            if not pq.has_pending:
+                await pq.wait_changed()
+                continue
+            if not self._lock_trusted(pq):
+                await asyncio.sleep(self.suspend_current_queue_ms / 1000)
+                continue
+            batch = pq.take(self.consume_batch_max)
+            async with self._semaphore:
+                ok = await self._call_listener(batch)
+            if not ok and all(m.reconsume_times >= self.max_reconsume_times for m in batch):
+                ok = await self._to_dead_letter(batch)
+            if ok:
+                self._offsets.update(state.mq, pq.commit_taken())
+                continue
+            pq.return_taken(
+                dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in batch
+            )
+            await asyncio.sleep(self.suspend_current_queue_ms / 1000)
+
+    async def _to_dead_letter(self, batch: list[MessageExt]) -> bool:
+        try:
+            for message in batch:
+                await api.send_back(
+                    self._instance,
+                    self._group,
+                    self._restore_topic(message),
+                    delay_level=-1,
+                    max_reconsume_times=self.max_reconsume_times,
+                )
+        except (ClientError, BrokerError) as exc:
+            logger.warning("%s: dead-letter send-back failed: %s", self._group, exc)
+            return False
+        logger.warning("%s: %d message(s) sent to the dead-letter queue", self._group, len(batch))
+        return True
+
+    # -- locks (orderly, clustering) -------------------------------------------------------
+
+    async def _lock(self, mqs: list[MessageQueue]) -> set[MessageQueue]:
+        locked = await api.lock_queues(self._instance, self._group, mqs)
+        now = self._clock.monotonic_ms()
+        for mq in mqs:
+            state = self._queues.get(mq)
+            if state is not None:
+                state.pq.locked = mq in locked
+                if mq in locked:
+                    state.pq.lock_renewed_at_ms = now
+        return locked
+
+    async def _unlock(self, mqs: list[MessageQueue]) -> None:
+        await api.unlock_queues(self._instance, self._group, mqs)
+
+    async def _lock_loop(self) -> None:
+        while True:
+            await asyncio.sleep(LOCK_RENEW_INTERVAL_MS / 1000)
+            if self._queues:
+                await self._lock(list(self._queues))
+
+    # -- offsets ---------------------------------------------------------------------------
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._persist_interval_ms / 1000)
+            try:
+                await self._persist(all_queues=False)
+            except Exception:
+                logger.exception("%s: offset commit failed", self._group)
+
+    async def _persist(self, *, all_queues: bool) -> None:
+        """Commit changed offsets (every assigned queue's with `all_queues`)."""
+        if all_queues:
+            self._offsets.mark_dirty(self._queues)
+        dirty = self._offsets.take_dirty()
+        if not dirty:
+            return
+        if self._offset_file is not None:
+            await asyncio.to_thread(self._offset_file.save, self._offsets.items())
+            return
+        for mq, offset in sorted(dirty.items()):
+            try:
+                await api.update_consumer_offset(self._instance, self._group, mq, offset)
+            except (ClientError, BrokerError) as exc:
+                logger.warning("%s: commit %s=%d failed: %s", self._group, mq, offset, exc)
+                self._offsets.mark_dirty([mq])
+
+    def committed_offsets(self) -> dict[MessageQueue, int]:
+        """The offsets as this consumer last recorded them (for tests and monitoring)."""
+        return self._offsets.items()

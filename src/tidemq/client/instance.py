@@ -1,0 +1,393 @@
+"""The client instance: what producers and consumers of one process share (RocketMQ's
+MQClientInstance).
+
+    Producer ─┐                       ┌─ name servers (routes; next one tried on failure)
+    Producer ─┼─ ClientInstance ──────┤
+    Consumer ─┘  one RemotingClient   └─ brokers (sends, pulls, heartbeats, offsets)
+                 one client id "<ip>@<pid>#<instance name>"
+                 one route cache, refreshed every 30 s
+                 one heartbeat every 30 s to every known broker, covering every group
+
+Brokers know a client by its id: they list it in GET_CONSUMER_LIST_BY_GROUP (so rebalance splits
+queues between ids) and address transaction check-backs to its connection. Two consumers in one
+process that must split a group's queues therefore need two instances (different instance names);
+that is the default, since every Producer and PushConsumer makes its own instance unless one is
+passed in (`instance=`). There are no globals.
+
+Server-initiated requests arriving on the instance's connections:
+- NOTIFY_CONSUMER_IDS_CHANGED (40): the named group's consumers rebalance now;
+- CHECK_TRANSACTION_STATE (39): handed to the producer registered for the message's PGROUP
+  (`ProducerMember.on_check_transaction_state`, the seam the transactional producer fills).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import Final, Protocol
+
+from tidemq.clock import Clock, SystemClock
+from tidemq.errors import (
+    BrokerError,
+    ClientClosedError,
+    ClientError,
+    NoRouteError,
+    error_for_code,
+)
+from tidemq.limits import CLIENT_HEARTBEAT_INTERVAL_MS
+from tidemq.protocol import message as pm
+from tidemq.protocol.bodies import ConsumerData, HeartbeatData, ProducerData, TopicRouteData
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.headers import (
+    CheckTransactionStateRequestHeader,
+    GetRouteInfoRequestHeader,
+    NotifyConsumerIdsChangedRequestHeader,
+    UnregisterClientRequestHeader,
+)
+from tidemq.protocol.record import decode_record
+from tidemq.remoting.client import RemotingClient
+from tidemq.remoting.connection import Connection
+from tidemq.remoting.handlers import HandlerTable
+
+from .message import MessageExt
+from .route_cache import ROUTE_REFRESH_INTERVAL_MS, RouteCache
+
+logger = logging.getLogger(__name__)
+
+# Name-server and admin-style requests: as RocketMQ's default 3 s.
+REQUEST_TIMEOUT_MS: Final = 3_000
+
+
+class ProducerMember(Protocol):
+    """What the instance needs from a producer registered on it."""
+
+    @property
+    def group(self) -> str: ...
+
+    async def on_check_transaction_state(
+        self, broker_addr: str, header: CheckTransactionStateRequestHeader, message: MessageExt
+    ) -> None: ...
+
+
+class ConsumerMember(Protocol):
+    """What the instance needs from a consumer registered on it."""
+
+    @property
+    def group(self) -> str: ...
+
+    def consumer_data(self) -> ConsumerData: ...
+
+    def topics(self) -> Iterable[str]: ...
+
+    def trigger_rebalance(self) -> None: ...
+
+
+def local_ipv4() -> str:
+    """This host's outward IPv4 address (no packet is sent), or 127.0.0.1."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("10.255.255.255", 1))
+        address: str = probe.getsockname()[0]
+    except OSError:
+        address = "127.0.0.1"
+    finally:
+        probe.close()
+    return address
+
+
+def parse_namesrv_addr(namesrv_addr: str | Sequence[str]) -> list[str]:
+    """The name server list from "a:9876;b:9876" (RocketMQ's form), "a,b" or a sequence."""
+    items = [namesrv_addr] if isinstance(namesrv_addr, str) else list(namesrv_addr)
+    addrs = [
+        part.strip() for item in items for part in item.replace(",", ";").split(";") if part.strip()
+    ]
+    if not addrs:
+        raise ValueError("no name server address given")
+    return addrs
+
+
+class ClientInstance:
+    def __init__(
+        self,
+        namesrv_addr: str | Sequence[str],
+        *,
+        clock: Clock | None = None,
+        instance_name: str | None = None,
+        client_ip: str | None = None,
+        heartbeat_interval_ms: float = CLIENT_HEARTBEAT_INTERVAL_MS,
+        route_refresh_interval_ms: float = ROUTE_REFRESH_INTERVAL_MS,
+        request_timeout_ms: float = REQUEST_TIMEOUT_MS,
+    ) -> None:
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.namesrv_addrs = parse_namesrv_addr(namesrv_addr)
+        self.client_ip = client_ip or local_ipv4()
+        self.pid = os.getpid()
+        # Unique per instance by default: two instances in one process are two group members.
+        self.instance_name = instance_name or os.urandom(4).hex()
+        self.client_id = f"{self.client_ip}@{self.pid}#{self.instance_name}"
+        self.routes = RouteCache()
+        self.request_timeout_ms = request_timeout_ms
+        self._heartbeat_interval_ms = heartbeat_interval_ms
+        self._route_refresh_interval_ms = route_refresh_interval_ms
+        self._namesrv_index = 0
+        self._producers: dict[str, ProducerMember] = {}
+        self._consumers: dict[str, ConsumerMember] = {}
+        self._extra_topics: set[str] = set()
+        handlers = HandlerTable()
+        handlers.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_notify_ids_changed)
+        handlers.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check_transaction)
+        self.remoting = RemotingClient(handlers, clock=self.clock)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._closed = False
+        self._users = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the timers. Reference-counted: each start() needs one shutdown()."""
+        if self._closed:
+            raise ClientClosedError("client instance was shut down")
+        self._users += 1
+        if self._started:
+            return
+        self._started = True
+        self._tasks = [
+            asyncio.create_task(self._every(self._heartbeat_interval_ms, self.heartbeat)),
+            asyncio.create_task(self._every(self._route_refresh_interval_ms, self.refresh_routes)),
+        ]
+
+    async def shutdown(self) -> None:
+        self._users -= 1
+        if self._users > 0 or self._closed:
+            return
+        self._closed = True
+        tasks = [*self._tasks, *self._background]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.remoting.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def _every(self, interval_ms: float, action: _Action) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                await action()
+            except Exception:
+                logger.exception("%s: periodic %s failed", self.client_id, action.__name__)
+
+    # -- membership ------------------------------------------------------------------------
+
+    def register_producer(self, producer: ProducerMember) -> None:
+        if producer.group in self._producers:
+            raise ValueError(f"producer group {producer.group!r} already registered")
+        self._producers[producer.group] = producer
+
+    def register_consumer(self, consumer: ConsumerMember) -> None:
+        if consumer.group in self._consumers:
+            raise ValueError(f"consumer group {consumer.group!r} already registered")
+        self._consumers[consumer.group] = consumer
+
+    async def unregister_producer(self, group: str) -> None:
+        if self._producers.pop(group, None) is not None:
+            await self._unregister_client(producer_group=group)
+
+    async def unregister_consumer(self, group: str) -> None:
+        if self._consumers.pop(group, None) is not None:
+            await self._unregister_client(consumer_group=group)
+
+    def watch_topic(self, topic: str) -> None:
+        """Keep `topic`'s route refreshed (producers call this for every topic they send to)."""
+        self._extra_topics.add(topic)
+
+    async def _unregister_client(
+        self, *, producer_group: str | None = None, consumer_group: str | None = None
+    ) -> None:
+        header = UnregisterClientRequestHeader(
+            client_id=self.client_id, producer_group=producer_group, consumer_group=consumer_group
+        )
+        for addr in self.routes.master_addresses().values():
+            cmd = RemotingCommand(code=RequestCode.UNREGISTER_CLIENT, ext_fields=header.to_fields())
+            try:
+                await self.remoting.invoke(addr, cmd, self.request_timeout_ms)
+            except ClientError as exc:
+                logger.warning("%s: unregister from %s failed: %s", self.client_id, addr, exc)
+
+    # -- name servers and routes -----------------------------------------------------------
+
+    async def invoke_namesrv(self, cmd: RemotingCommand, timeout_ms: float) -> RemotingCommand:
+        """Ask the current name server; on a transport failure try the next ones in turn."""
+        count = len(self.namesrv_addrs)
+        last_error: ClientError | None = None
+        for step in range(count):
+            index = (self._namesrv_index + step) % count
+            addr = self.namesrv_addrs[index]
+            try:
+                response = await self.remoting.invoke(addr, _copy(cmd), timeout_ms)
+            except ClientClosedError:
+                raise
+            except ClientError as exc:
+                logger.warning("%s: name server %s failed: %s", self.client_id, addr, exc)
+                last_error = exc
+                continue
+            self._namesrv_index = index
+            return response
+        assert last_error is not None
+        raise last_error
+
+    async def fetch_route(self, topic: str) -> TopicRouteData:
+        """Ask a name server for `topic`'s route and cache it.
+
+        Raises:
+            BrokerError: the name server's answer (TopicNotExistError for an unknown topic).
+            ClientError: no name server answered.
+        """
+        header = GetRouteInfoRequestHeader(topic=topic)
+        cmd = RemotingCommand(
+            code=RequestCode.GET_ROUTEINFO_BY_TOPIC, ext_fields=header.to_fields()
+        )
+        response = await self.invoke_namesrv(cmd, self.request_timeout_ms)
+        if response.code != ResponseCode.SUCCESS:
+            raise error_for_code(response.code, response.remark)
+        route = TopicRouteData.from_json(response.body)
+        known = set(self.routes.master_addresses().values())
+        self.routes.put(topic, route, self.clock.monotonic_ms())
+        if self._started and not set(self.routes.master_addresses().values()) <= known:
+            # A new broker must hear from us before it answers consumer lists or check-backs.
+            self._spawn(self.heartbeat())
+        return route
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData:
+        """The cached route of `topic`, fetched first if absent (or if `refresh`)."""
+        cached = self.routes.get(topic)
+        if cached is not None and not refresh:
+            return cached
+        return await self.fetch_route(topic)
+
+    async def refresh_routes(self) -> None:
+        topics = set(self._extra_topics) | set(self.routes.topics())
+        for consumer in self._consumers.values():
+            topics.update(consumer.topics())
+        for topic in sorted(topics):
+            try:
+                await self.fetch_route(topic)
+            except BrokerError as exc:
+                if exc.response_code == ResponseCode.TOPIC_NOT_EXIST:
+                    logger.debug("%s: topic %s has no route yet", self.client_id, topic)
+                else:
+                    logger.warning("%s: route of %s: %s", self.client_id, topic, exc)
+            except ClientError as exc:
+                logger.warning("%s: route of %s: %s", self.client_id, topic, exc)
+
+    def master_address(self, broker_name: str) -> str:
+        """The master address of `broker_name` from the routes seen so far.
+
+        Raises:
+            NoRouteError: no cached route names that broker.
+        """
+        addr = self.routes.master_address(broker_name)
+        if addr is None:
+            raise NoRouteError(f"no address known for broker {broker_name!r}")
+        return addr
+
+    # -- brokers ---------------------------------------------------------------------------
+
+    async def invoke_broker(
+        self, broker_name: str, cmd: RemotingCommand, timeout_ms: float | None = None
+    ) -> RemotingCommand:
+        """Request to the master of `broker_name`; the raw response (any code)."""
+        addr = self.master_address(broker_name)
+        timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        return await self.remoting.invoke(addr, cmd, timeout)
+
+    def heartbeat_data(self) -> HeartbeatData:
+        return HeartbeatData(
+            client_id=self.client_id,
+            producer_data_set=[ProducerData(group_name=g) for g in sorted(self._producers)],
+            consumer_data_set=[self._consumers[g].consumer_data() for g in sorted(self._consumers)],
+        )
+
+    async def heartbeat(self) -> None:
+        """HEART_BEAT to every known master, one body covering every group of this instance."""
+        if not self._producers and not self._consumers:
+            return
+        body = self.heartbeat_data().to_json()
+        for addr in sorted(set(self.routes.master_addresses().values())):
+            cmd = RemotingCommand(code=RequestCode.HEART_BEAT, body=body)
+            try:
+                response = await self.remoting.invoke(addr, cmd, self.request_timeout_ms)
+            except ClientError as exc:
+                logger.warning("%s: heartbeat to %s failed: %s", self.client_id, addr, exc)
+                continue
+            if response.code != ResponseCode.SUCCESS:
+                logger.warning(
+                    "%s: heartbeat to %s answered %d %s",
+                    self.client_id,
+                    addr,
+                    response.code,
+                    response.remark,
+                )
+
+    # -- server-initiated requests ---------------------------------------------------------
+
+    async def _on_notify_ids_changed(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand | None:
+        header = NotifyConsumerIdsChangedRequestHeader.from_fields(request.ext_fields)
+        consumer = self._consumers.get(header.consumer_group)
+        if consumer is not None:
+            logger.info("%s: consumer ids of %s changed", self.client_id, header.consumer_group)
+            consumer.trigger_rebalance()
+        return None
+
+    async def _on_check_transaction(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand | None:
+        header = CheckTransactionStateRequestHeader.from_fields(request.ext_fields)
+        stored = decode_record(request.body)
+        broker_addr = f"{connection.peer[0]}:{connection.peer[1]}"
+        broker_name = self.routes.broker_name_of(broker_addr) or ""
+        message = MessageExt.from_stored(stored, broker_name)
+        group = message.properties.get(pm.PGROUP, "")
+        producer = self._producers.get(group)
+        if producer is None:
+            logger.warning("%s: check-back for unknown producer group %r", self.client_id, group)
+            return None
+        await producer.on_check_transaction_state(broker_addr, header, message)
+        return None
+
+
+class _Action(Protocol):
+    __name__: str
+
+    async def __call__(self) -> None: ...
+
+
+def _copy(cmd: RemotingCommand) -> RemotingCommand:
+    # A command is not reusable while in flight (request() assigns its opaque); retries copy it.
+    return RemotingCommand(
+        code=cmd.code,
+        ext_fields=dict(cmd.ext_fields),
+        body=cmd.body,
+        remark=cmd.remark,
+        language=cmd.language,
+        version=cmd.version,
+        serialize_type=cmd.serialize_type,
+    )

@@ -1,0 +1,184 @@
+"""The messages and results the client API speaks: what users build, send, receive and return.
+
+`Message` is what a producer sends; `MessageExt` is what a consumer receives, decoded from the
+stored record a pull returns (protocol/record.py is the one definition of that layout). Property
+names, sys flags and the enums shared with the broker (MessageModel, ConsumeFromWhere) come from
+protocol/message.py and are re-exported here, so user code imports one module.
+
+Ids: `MessageExt.msg_id` is the client-made UNIQ_KEY when the producer set one (every TideMQ, Java
+and C++ producer does), else the broker-made offsetMsgId (store host + commit-log offset), as the
+C++ client does (remoting.md §5.2).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from tidemq.protocol import message as pm
+from tidemq.protocol.bodies import MessageQueue
+from tidemq.protocol.message import ConsumeFromWhere, MessageModel
+from tidemq.protocol.record import StoredMessage
+
+__all__ = [
+    "ConsumeConcurrentlyStatus",
+    "ConsumeFromWhere",
+    "ConsumeOrderlyStatus",
+    "ConsumeResult",
+    "Message",
+    "MessageExt",
+    "MessageModel",
+    "MessageQueue",
+    "PullResult",
+    "PullStatus",
+    "SendResult",
+    "SendStatus",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message to send. `keys` are indexed for lookup; `tags` is what consumers filter on.
+
+    `properties` are user properties; the producer adds the system ones (UNIQ_KEY, TAGS, KEYS,
+    WAIT, DELAY) when it sends. `delay_level` 1..18 maps to the broker's delay table (1 s … 2 h).
+    """
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: Sequence[str] | str = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    delay_level: int = 0
+    flag: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keys, str):
+            object.__setattr__(self, "keys", tuple(self.keys.split()))
+        else:
+            object.__setattr__(self, "keys", tuple(self.keys))
+        if not isinstance(self.body, bytes):
+            object.__setattr__(self, "body", bytes(self.body))
+        if self.delay_level < 0:
+            raise ValueError(f"delay_level must be >= 0, got {self.delay_level}")
+
+
+@dataclass(frozen=True, slots=True)
+class MessageExt:
+    """A received message, with where it is stored. `body` is already inflated."""
+
+    topic: str
+    body: bytes
+    msg_id: str
+    offset_msg_id: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    broker_name: str
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: tuple[str, int] = ("", 0)
+    store_timestamp: int = 0
+    store_host: tuple[str, int] = ("", 0)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    properties: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(pm.TAGS) or None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.properties.get(pm.KEYS, "").split())
+
+    @property
+    def message_queue(self) -> MessageQueue:
+        return MessageQueue(topic=self.topic, broker_name=self.broker_name, queue_id=self.queue_id)
+
+    @classmethod
+    def from_stored(cls, stored: StoredMessage, broker_name: str) -> MessageExt:
+        """Decode what a pull (or view/query) returned; inflates a COMPRESSED body."""
+        properties = pm.decode_properties(stored.properties)
+        body = stored.body
+        if stored.sys_flag & pm.SysFlag.COMPRESSED:
+            body = pm.inflate(body)
+        store_ip, store_port = stored.store_host
+        offset_id = pm.offset_msg_id(store_ip, store_port, stored.physical_offset)
+        return cls(
+            topic=stored.topic,
+            body=body,
+            msg_id=properties.get(pm.UNIQ_KEY) or offset_id,
+            offset_msg_id=offset_id,
+            queue_id=stored.queue_id,
+            queue_offset=stored.queue_offset,
+            commit_log_offset=stored.physical_offset,
+            broker_name=broker_name,
+            flag=stored.flag,
+            sys_flag=stored.sys_flag,
+            born_timestamp=stored.born_timestamp,
+            born_host=stored.born_host,
+            store_timestamp=stored.store_timestamp,
+            store_host=stored.store_host,
+            reconsume_times=stored.reconsume_times,
+            prepared_transaction_offset=stored.prepared_transaction_offset,
+            properties=MappingProxyType(properties),
+        )
+
+
+class SendStatus(enum.Enum):
+    """A stored message's durability. Anything but SEND_OK was stored but not (yet) flushed or
+    replicated as the broker is configured to guarantee."""
+
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """`msg_id` is the UNIQ_KEY the producer made (comma-joined for a batch); `offset_msg_id` the
+    broker's id (store host + commit-log offset; comma-joined for a batch)."""
+
+    status: SendStatus
+    msg_id: str
+    offset_msg_id: str
+    message_queue: MessageQueue
+    queue_offset: int
+    transaction_id: str | None = None
+
+
+class PullStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """One pull's answer. Move to `next_begin_offset` in every case (remoting.md §4.2)."""
+
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: Sequence[MessageExt] = ()
+
+
+class ConsumeConcurrentlyStatus(enum.Enum):
+    CONSUME_SUCCESS = "CONSUME_SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class ConsumeOrderlyStatus(enum.Enum):
+    SUCCESS = "SUCCESS"
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+
+
+# What a listener may return. None counts as success, so `def on(msgs): process(msgs)` works.
+ConsumeResult = ConsumeConcurrentlyStatus | ConsumeOrderlyStatus | None

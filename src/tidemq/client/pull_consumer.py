@@ -1,0 +1,197 @@
+"""The pull consumer: the caller chooses queues and offsets; nothing runs in the background
+except the instance's heartbeat and route refresh.
+
+Used by tools and by the Spark source (through blocking.py), which track offsets themselves and
+may store them in the broker with `update_consumer_offset`. `pull` never waits for messages (the
+broker answers at once, sysFlag SUBSCRIPTION); `pull_block_if_not_found` lets the broker hold the
+request (long polling, sysFlag SUSPEND|SUBSCRIPTION) until a message arrives or `suspend_ms`
+passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from tidemq.clock import Clock
+from tidemq.errors import ClientClosedError, ClientError
+from tidemq.limits import PULL_MESSAGE_COUNT_MAX, PULL_SUSPEND_MS_DEFAULT
+from tidemq.protocol import message as pm
+from tidemq.protocol.bodies import ConsumerData, MessageQueue
+from tidemq.protocol.headers import PullSysFlag
+
+from . import api
+from .instance import ClientInstance
+from .message import MessageModel, PullResult
+from .route_cache import subscribe_queues
+
+# As RocketMQ's consumerTimeoutMillisWhenSuspend (blocking pulls) and a plain pull's timeout.
+PULL_TIMEOUT_MS_DEFAULT: Final = 10_000
+# Client-side margin over the broker's hold, so the hold's own answer arrives before our timeout.
+SUSPEND_MARGIN_MS: Final = 5_000
+
+
+class PullConsumer:
+    def __init__(
+        self,
+        group: str,
+        namesrv_addr: str | Sequence[str],
+        *,
+        pull_timeout_ms: int = PULL_TIMEOUT_MS_DEFAULT,
+        clock: Clock | None = None,
+        instance: ClientInstance | None = None,
+        instance_name: str | None = None,
+    ) -> None:
+        pm.validate_group(group)
+        self._group = group
+        self._instance = instance or ClientInstance(
+            namesrv_addr, clock=clock, instance_name=instance_name
+        )
+        self.pull_timeout_ms = pull_timeout_ms
+        self._topics: set[str] = set()
+        self._started = False
+        self._closed = False
+
+    @property
+    def group(self) -> str:
+        return self._group
+
+    @property
+    def instance(self) -> ClientInstance:
+        return self._instance
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._instance.register_consumer(self)
+        await self._instance.start()
+        self._started = True
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._started:
+            await self._instance.unregister_consumer(self._group)
+            await self._instance.shutdown()
+
+    async def __aenter__(self) -> PullConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError(f"pull consumer {self._group} is shut down")
+        if not self._started:
+            raise ClientError(f"pull consumer {self._group} is not started")
+
+    # What the instance asks (heartbeat: a CONSUME_ACTIVELY member without subscriptions).
+    def consumer_data(self) -> ConsumerData:
+        return ConsumerData(
+            group_name=self._group,
+            consume_type=pm.ConsumeType.CONSUME_ACTIVELY,
+            message_model=MessageModel.CLUSTERING,
+            consume_from_where=pm.ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+            subscription_data_set=[],
+            unit_mode=False,
+        )
+
+    def topics(self) -> list[str]:
+        return sorted(self._topics)
+
+    def trigger_rebalance(self) -> None:
+        """Pull consumers do not rebalance; the caller picks the queues."""
+
+    # -- queries ---------------------------------------------------------------------------
+
+    async def fetch_subscribe_message_queues(self, topic: str) -> list[MessageQueue]:
+        """The readable queues of `topic`, sorted (fresh from the name server)."""
+        self._check_open()
+        self._topics.add(topic)
+        route = await self._instance.route(topic, refresh=True)
+        return subscribe_queues(topic, route)
+
+    async def _ensure_route(self, mq: MessageQueue) -> None:
+        if self._instance.routes.master_address(mq.broker_name) is None:
+            self._topics.add(mq.topic)
+            await self._instance.fetch_route(mq.topic)
+
+    async def pull(
+        self, mq: MessageQueue, expression: str, offset: int, max_nums: int
+    ) -> PullResult:
+        """Up to `max_nums` messages of `mq` from `offset` whose tag matches `expression`."""
+        return await self._pull(mq, expression, offset, max_nums, block=False)
+
+    async def pull_block_if_not_found(
+        self,
+        mq: MessageQueue,
+        expression: str,
+        offset: int,
+        max_nums: int,
+        *,
+        suspend_ms: int = PULL_SUSPEND_MS_DEFAULT,
+    ) -> PullResult:
+        """As `pull`, but the broker holds the request up to `suspend_ms` while nothing is new."""
+        return await self._pull(mq, expression, offset, max_nums, block=True, suspend_ms=suspend_ms)
+
+    async def _pull(
+        self,
+        mq: MessageQueue,
+        expression: str,
+        offset: int,
+        max_nums: int,
+        *,
+        block: bool,
+        suspend_ms: int = 0,
+    ) -> PullResult:
+        self._check_open()
+        if offset < 0 or not 0 < max_nums <= PULL_MESSAGE_COUNT_MAX:
+            raise ValueError(f"offset must be >= 0 and max_nums in 1..{PULL_MESSAGE_COUNT_MAX}")
+        await self._ensure_route(mq)
+        sys_flag = PullSysFlag.SUBSCRIPTION | (PullSysFlag.SUSPEND if block else 0)
+        return await api.pull(
+            self._instance,
+            mq,
+            group=self._group,
+            expression=expression,
+            offset=offset,
+            max_nums=max_nums,
+            sys_flag=int(sys_flag),
+            suspend_ms=suspend_ms if block else 0,
+            timeout_ms=suspend_ms + SUSPEND_MARGIN_MS if block else self.pull_timeout_ms,
+        )
+
+    async def update_consumer_offset(self, mq: MessageQueue, offset: int) -> None:
+        """Store `offset` (the next to consume) for this group in the queue's broker."""
+        self._check_open()
+        await self._ensure_route(mq)
+        await api.update_consumer_offset(self._instance, self._group, mq, offset)
+
+    async def fetch_consumer_offset(self, mq: MessageQueue) -> int:
+        """The group's stored offset for `mq`, or -1 if none."""
+        self._check_open()
+        await self._ensure_route(mq)
+        return await api.query_consumer_offset(self._instance, self._group, mq)
+
+    async def min_offset(self, mq: MessageQueue) -> int:
+        self._check_open()
+        await self._ensure_route(mq)
+        return await api.min_offset(self._instance, mq)
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        self._check_open()
+        await self._ensure_route(mq)
+        return await api.max_offset(self._instance, mq)
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        self._check_open()
+        await self._ensure_route(mq)
+        return await api.search_offset(self._instance, mq, timestamp_ms)
+
+    async def earliest_store_time(self, mq: MessageQueue) -> int:
+        self._check_open()
+        await self._ensure_route(mq)
+        return await api.earliest_store_time(self._instance, mq)

@@ -1,0 +1,72 @@
+"""FlushService: group commit in SYNC mode, timeouts, and a SYNC_FLUSH broker end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from broker_harness import messages, running_broker
+
+from tidemq.broker.flush import FlushService
+from tidemq.protocol.codes import ResponseCode
+
+
+class _Log:
+    """A log whose end moves when written and whose flush can be held back."""
+
+    def __init__(self) -> None:
+        self.end = 0
+        self.flushes = 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def flush(self) -> int:
+        self.gate.wait(5)
+        self.flushes += 1
+        return self.end
+
+
+async def test_one_flush_serves_many_waiters() -> None:
+    log = _Log()
+    service = FlushService(log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=5000)
+    service.start()
+    try:
+        log.end = 5000
+        results = await asyncio.gather(*(service.wait_flushed(i * 100) for i in range(1, 51)))
+        assert all(results)
+        assert log.flushes <= 2  # group commit: not one fsync per waiter
+        assert service.flushed_offset == 5000
+    finally:
+        await service.stop()
+
+
+async def test_waiter_times_out_when_the_flush_is_stuck() -> None:
+    log = _Log()
+    log.gate.clear()
+    service = FlushService(log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=100)
+    service.start()
+    try:
+        log.end = 10
+        assert await service.wait_flushed(10) is False
+    finally:
+        log.gate.set()
+        await service.stop()
+    assert service.flushed_offset == 10
+
+
+async def test_async_mode_never_waits() -> None:
+    log = _Log()
+    log.gate.clear()
+    service = FlushService(log.flush, sync=False, interval_ms=10_000, sync_timeout_ms=100)
+    assert await service.wait_flushed(10**9) is True
+    log.gate.set()
+
+
+async def test_sync_flush_broker(tmp_path: Path) -> None:
+    async with running_broker(tmp_path, flushDiskType="SYNC_FLUSH") as broker:
+        sends = [broker.send("TopicS", b"%d" % i) for i in range(20)]
+        responses = await asyncio.gather(*sends)
+        assert {r.code for r in responses} == {ResponseCode.SUCCESS}
+        assert broker.app.store.flushed_physical_offset >= broker.app.store.max_physical_offset
+        assert len(messages(await broker.pull("TopicS"))) == 20

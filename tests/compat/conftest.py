@@ -1,0 +1,494 @@
+"""Fixtures for the compat suite: a real TideMQ in subprocesses, and official clients beside it.
+
+The server is started exactly as an operator would, through the `tidemq` command (the flag names
+are the contract with the CLI): either `tidemq dev` (name server and broker in one process) or a
+separate `tidemq namesrv` and `tidemq broker`. Data lives in the test's tmp_path, ports are picked
+free, and the server's output goes to a log file that is quoted when anything fails.
+
+"Ready" means more than open ports: the name server must answer a route for TBW102, i.e. the
+broker has registered. Both official clients ask the name server first, and a C++ producer whose
+first route lookup fails reports the send as failed rather than retrying later.
+
+Every client role of the C++ library runs in its own process (tests/compat/cpp_driver.py); see
+that module for why. `CppClient` is the test-side handle: it collects the driver's JSON events on
+a reader thread and lets a test wait for a condition over them with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import FrameDecoder, RemotingCommand, encode
+
+COMPAT_DIR = Path(__file__).resolve().parent
+CPP_DRIVER = COMPAT_DIR / "cpp_driver.py"
+JS_DIR = COMPAT_DIR / "js"
+
+SERVER_START_TIMEOUT_S = 30.0  # Python start-up, store recovery on an empty dir, registration.
+SERVER_STOP_TIMEOUT_S = 15.0  # SIGTERM to exit: persist offsets, unregister, close the store.
+PORT_POLL_INTERVAL_S = 0.1  # Between connection attempts while a server starts.
+ROUTE_PROBE_TIMEOUT_S = 2.0  # One GET_ROUTEINFO_BY_TOPIC round trip on loopback.
+DRIVER_START_TIMEOUT_S = 20.0  # A driver process importing the binding and starting a client.
+DRIVER_STOP_TIMEOUT_S = 30.0  # C++ consumer shutdown: final offset commit, unregister, threads.
+LOG_TAIL_CHARS = 6000  # How much of a server or driver log a failure message quotes.
+
+
+def unique(prefix: str) -> str:
+    """A topic or group name no other test (or earlier run on the same server) uses."""
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def tail(path: Path) -> str:
+    try:
+        data = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return f"<{path} missing>"
+    return data[-LOG_TAIL_CHARS:]
+
+
+# --- the server under test -------------------------------------------------------------------
+
+
+@dataclass
+class ServerProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def describe(self) -> str:
+        return f"--- {self.name} (exit {self.process.poll()}) log {self.log_path} ---\n" + tail(
+            self.log_path
+        )
+
+
+@dataclass
+class TideMQServer:
+    namesrv_addr: str
+    broker_addr: str
+    processes: list[ServerProcess]
+    work_dir: Path
+
+    def logs(self) -> str:
+        return "\n".join(proc.describe() for proc in self.processes)
+
+    def admin(self, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Runs `tidemq <args>` and fails the test, quoting its output, if it does not succeed."""
+        argv = [sys.executable, "-m", "tidemq.cli.main", *args]
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, cwd=self.work_dir, check=False
+        )
+        if result.returncode != 0:
+            pytest.fail(
+                f"{' '.join(args)} exited {result.returncode}\nstdout:\n{result.stdout}\n"
+                f"stderr:\n{result.stderr}\n{self.logs()}"
+            )
+        return result
+
+    def queue_count(self, topic: str) -> int:
+        """Read queues of the topic summed over its brokers, as the name server reports them.
+
+        Waits for the route first: a broker registers an auto-created topic asynchronously.
+        """
+        wait_for_route(self, topic)
+        response = query_route(self.namesrv_addr, topic)
+        assert response.code == ResponseCode.SUCCESS, (response.code, response.remark)
+        route = json.loads(response.body)
+        return sum(int(queue["readQueueNums"]) for queue in route["queueDatas"])
+
+    def create_topic(self, topic: str, queues: int = 4) -> None:
+        self.admin(
+            "topic", "create", "--namesrv-addr", self.namesrv_addr, "--topic", topic,
+            "--queues", str(queues),
+        )  # fmt: skip
+        wait_for_route(self, topic)
+
+
+def spawn(name: str, args: list[str], work_dir: Path) -> ServerProcess:
+    log_path = work_dir / f"{name}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tidemq.cli.main", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=work_dir,
+            env=env,
+            start_new_session=True,
+        )
+    return ServerProcess(name, process, log_path)
+
+
+def wait_for_port(port: int, server: TideMQServer) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for proc in server.processes:
+            if proc.process.poll() is not None:
+                pytest.fail(f"{proc.name} exited before port {port} opened\n{server.logs()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(PORT_POLL_INTERVAL_S)
+    pytest.fail(f"port {port} not accepting after {SERVER_START_TIMEOUT_S}s\n{server.logs()}")
+
+
+def query_route(namesrv_addr: str, topic: str) -> RemotingCommand:
+    """One raw GET_ROUTEINFO_BY_TOPIC, spelled as the C++ client spells it."""
+    host, port = namesrv_addr.rsplit(":", 1)
+    request = RemotingCommand(
+        code=RequestCode.GET_ROUTEINFO_BY_TOPIC, opaque=1, ext_fields={"topic": topic},
+        language="CPP",
+    )  # fmt: skip
+    decoder = FrameDecoder()
+    with socket.create_connection((host, int(port)), timeout=ROUTE_PROBE_TIMEOUT_S) as sock:
+        sock.sendall(encode(request))
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("name server closed the connection")
+            for frame in decoder.feed(chunk):
+                if frame.is_response and frame.opaque == 1:
+                    return frame
+
+
+def wait_for_route(server: TideMQServer, topic: str) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    last: str = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            response = query_route(server.namesrv_addr, topic)
+        except OSError as exc:
+            last = repr(exc)
+        else:
+            if response.code == ResponseCode.SUCCESS:
+                return
+            last = f"code {response.code} remark {response.remark!r}"
+        time.sleep(PORT_POLL_INTERVAL_S)
+    pytest.fail(f"no route for {topic} after {SERVER_START_TIMEOUT_S}s ({last})\n{server.logs()}")
+
+
+def stop_server(server: TideMQServer) -> None:
+    # Broker first, so it can unregister from a name server that is still there.
+    for proc in reversed(server.processes):
+        if proc.process.poll() is None:
+            proc.process.send_signal(signal.SIGTERM)
+            try:
+                proc.process.wait(SERVER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.process.pid, signal.SIGKILL)
+                proc.process.wait()
+
+
+@pytest.fixture
+def tidemq_dev(tmp_path: Path) -> Iterator[TideMQServer]:
+    """`tidemq dev`: one name server and one broker in one process."""
+    namesrv_port, broker_port = free_port(), free_port()
+    work_dir = tmp_path / "server"
+    work_dir.mkdir()
+    proc = spawn(
+        "dev",
+        ["dev", "--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port),
+         "--data-dir", str(work_dir / "data")],
+        work_dir,
+    )  # fmt: skip
+    server = TideMQServer(f"127.0.0.1:{namesrv_port}", f"127.0.0.1:{broker_port}", [proc], work_dir)
+    try:
+        wait_for_port(namesrv_port, server)
+        wait_for_port(broker_port, server)
+        wait_for_route(server, "TBW102")
+        yield server
+    finally:
+        stop_server(server)
+
+
+@pytest.fixture
+def tidemq_split(tmp_path: Path) -> Iterator[TideMQServer]:
+    """`tidemq namesrv` and `tidemq broker` as two processes."""
+    namesrv_port, broker_port = free_port(), free_port()
+    work_dir = tmp_path / "server"
+    work_dir.mkdir()
+    namesrv = spawn(
+        "namesrv",
+        ["namesrv", "--port", str(namesrv_port), "--data-dir", str(work_dir / "namesrv")],
+        work_dir,
+    )
+    server = TideMQServer(
+        f"127.0.0.1:{namesrv_port}", f"127.0.0.1:{broker_port}", [namesrv], work_dir
+    )
+    try:
+        wait_for_port(namesrv_port, server)
+        broker = spawn(
+            "broker",
+            ["broker", "--namesrv-addr", server.namesrv_addr, "--port", str(broker_port),
+             "--data-dir", str(work_dir / "broker")],
+            work_dir,
+        )  # fmt: skip
+        server.processes.append(broker)
+        wait_for_port(broker_port, server)
+        wait_for_route(server, "TBW102")
+        yield server
+    finally:
+        stop_server(server)
+
+
+@pytest.fixture
+def tidemq(request: pytest.FixtureRequest) -> TideMQServer:
+    """The server for a test: `dev` unless parametrized indirectly with "split"."""
+    kind = getattr(request, "param", "dev")
+    server: TideMQServer = request.getfixturevalue(f"tidemq_{kind}")
+    return server
+
+
+@pytest.fixture
+def unique_name() -> Callable[[str], str]:
+    return unique
+
+
+# --- C++ client processes --------------------------------------------------------------------
+
+Event = dict[str, Any]
+
+
+@dataclass
+class CppClient:
+    """One cpp_driver.py process and the events it has reported so far."""
+
+    name: str
+    role: str
+    process: subprocess.Popen[str]
+    home: Path
+    stderr_path: Path
+    server: TideMQServer
+    events: list[Event] = field(default_factory=list)
+    condition: threading.Condition = field(default_factory=threading.Condition)
+    next_id: int = 0
+
+    reader: threading.Thread | None = None
+
+    def start_reader(self) -> None:
+        self.reader = threading.Thread(target=self._read, name=f"reader-{self.name}", daemon=True)
+        self.reader.start()
+
+    def close_pipes(self) -> None:
+        """After the process has exited: let the reader drain, then close both pipes."""
+        if self.reader is not None:
+            self.reader.join(DRIVER_STOP_TIMEOUT_S)
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except BrokenPipeError:
+                    pass
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                event = {"event": "garbage", "line": line}
+            with self.condition:
+                self.events.append(event)
+                self.condition.notify_all()
+        with self.condition:
+            self.events.append({"event": "eof"})
+            self.condition.notify_all()
+
+    def diagnostics(self) -> str:
+        cpp_logs = sorted((self.home / "logs" / "rocketmq-cpp").glob("*"))
+        parts = [
+            f"--- driver {self.name} (exit {self.process.poll()}) stderr ---",
+            tail(self.stderr_path),
+            f"--- last events of {self.name} ---",
+            "\n".join(json.dumps(event) for event in self.events[-15:]),
+        ]
+        for log in cpp_logs:
+            parts += [f"--- {log} ---", tail(log)]
+        parts.append(self.server.logs())
+        return "\n".join(parts)
+
+    def wait_for(
+        self, predicate: Callable[[list[Event]], bool], timeout_s: float, what: str
+    ) -> list[Event]:
+        """Waits until predicate(events) holds; fails with diagnostics at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        with self.condition:
+            while not predicate(self.events):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._ended():
+                    if predicate(self.events):
+                        break
+                    pytest.fail(
+                        f"{self.name}: {what} not seen in {timeout_s}s\n{self.diagnostics()}"
+                    )
+                self.condition.wait(remaining)
+            return list(self.events)
+
+    def _ended(self) -> bool:
+        return any(event["event"] in ("eof", "fatal") for event in self.events)
+
+    def received(self) -> list[Event]:
+        with self.condition:
+            return [event for event in self.events if event["event"] == "received"]
+
+    def write(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def request(self, command: dict[str, Any]) -> int:
+        """Sends one producer command; returns its id (see `result`)."""
+        self.next_id += 1
+        self.write(json.dumps({**command, "id": self.next_id}))
+        return self.next_id
+
+    def result(self, command_id: int, timeout_s: float = 20.0) -> Event:
+        def done(events: list[Event]) -> bool:
+            return any(event.get("id") == command_id for event in events)
+
+        events = self.wait_for(done, timeout_s, f"result of command {command_id}")
+        return next(event for event in events if event.get("id") == command_id)
+
+    def send(self, topic: str, body: str, mode: str = "sync", **extra: Any) -> Event:
+        """One send that must succeed; returns the driver's "sent" event."""
+        event = self.result(self.request({"op": "send", "mode": mode, "topic": topic,
+                                          "body": body, **extra}))  # fmt: skip
+        if event["event"] != "sent":
+            pytest.fail(f"{mode} send of {body!r} failed: {event}\n{self.diagnostics()}")
+        return event
+
+    def stop(self) -> None:
+        """Clean shutdown through the client's own shutdown(); fails if it does not finish."""
+        if self.process.poll() is None:
+            try:
+                self.write('{"op": "stop"}' if self.role == "producer" else "stop")
+            except BrokenPipeError:
+                pass
+        self.wait_for(
+            lambda events: any(event["event"] in ("stopped", "done") for event in events),
+            DRIVER_STOP_TIMEOUT_S,
+            "clean shutdown",
+        )
+        try:
+            self.process.wait(DRIVER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{self.name} did not exit after shutdown\n{self.diagnostics()}")
+        self.close_pipes()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.close_pipes()
+
+
+@dataclass
+class CppClients:
+    """Factory for driver processes bound to one server; everything is reaped at teardown."""
+
+    server: TideMQServer
+    work_dir: Path
+    clients: list[CppClient] = field(default_factory=list)
+
+    def _spawn(self, name: str, args: list[str]) -> CppClient:
+        home = self.work_dir / f"home-{name}"
+        home.mkdir(parents=True)
+        stderr_path = self.work_dir / f"{name}.stderr"
+        with stderr_path.open("w") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, str(CPP_DRIVER), *args, "--namesrv", self.server.namesrv_addr],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env={**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"},
+                cwd=home,
+            )
+        client = CppClient(name, args[0], process, home, stderr_path, self.server)
+        self.clients.append(client)
+        client.start_reader()
+        client.wait_for(
+            lambda events: any(event["event"] == "ready" for event in events),
+            DRIVER_START_TIMEOUT_S,
+            "start",
+        )
+        return client
+
+    def producer(self, group: str | None = None) -> CppClient:
+        group = group or unique("PG")
+        return self._spawn(f"producer-{len(self.clients)}", ["producer", "--group", group])
+
+    def push(
+        self,
+        group: str,
+        topic: str,
+        expr: str = "*",
+        *,
+        model: str = "clustering",
+        orderly: bool = False,
+    ) -> CppClient:
+        # A consumer that starts before its topic has a route retries only every 30 s.
+        wait_for_route(self.server, topic)
+        args = ["push", "--group", group, "--topic", topic, "--expr", expr, "--model", model]
+        if orderly:
+            args.append("--orderly")
+        return self._spawn(f"push-{len(self.clients)}", args)
+
+    def pull(
+        self, topic: str, expect: int, expr: str = "*", timeout_s: float = 20.0
+    ) -> list[Event]:
+        """Runs a pull consumer to completion; returns the messages it reported."""
+        wait_for_route(self.server, topic)
+        client = self._spawn(
+            f"pull-{len(self.clients)}",
+            ["pull", "--group", unique("PULL"), "--topic", topic, "--expr", expr,
+             "--expect", str(expect), "--timeout-s", str(timeout_s)],
+        )  # fmt: skip
+        client.wait_for(
+            lambda events: any(event["event"] == "done" for event in events),
+            timeout_s + DRIVER_STOP_TIMEOUT_S,
+            "pull to finish",
+        )
+        client.stop()
+        return client.received()
+
+
+@pytest.fixture
+def cpp(tidemq: TideMQServer, tmp_path: Path) -> Iterator[CppClients]:
+    clients = CppClients(tidemq, tmp_path / "cpp")
+    yield clients
+    for client in clients.clients:
+        client.kill()
+
+
+@pytest.fixture
+def node_ons() -> Path:
+    """The ali-ons driver directory, with its node_modules installed."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    if not (JS_DIR / "node_modules" / "ali-ons").is_dir():
+        pytest.skip("run `npm ci` in tests/compat/js first")
+    return JS_DIR
