@@ -18,6 +18,7 @@ UNIQ_KEY, made by the producer and opaque to the server; TideMQ follows Java's l
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 from datetime import UTC, datetime
@@ -41,11 +42,15 @@ def offset_msg_id(host: str, port: int, physical_offset: int) -> str:
     Raises:
         ProtocolError: `host` is not an IP address literal.
     """
+    return (_packed_host(host) + _PORT_OFFSET.pack(port, physical_offset)).hex().upper()
+
+
+@functools.lru_cache(maxsize=1024)  # one broker address per call site; parsing costs ~5 µs
+def _packed_host(host: str) -> bytes:
     try:
-        address = ipaddress.ip_address(host)
+        return ipaddress.ip_address(host).packed
     except ValueError:
         raise ProtocolError(f"offsetMsgId needs an IP address, not {host!r}") from None
-    return (address.packed + _PORT_OFFSET.pack(port, physical_offset)).hex().upper()
 
 
 def decode_offset_msg_id(msg_id: str) -> tuple[str, int, int]:

@@ -91,6 +91,7 @@ class Connection:
         "_request_hook",
         "_tasks",
         "_transport",
+        "_write_buffer",
         "attributes",
         "local",
         "peer",
@@ -117,6 +118,9 @@ class Connection:
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_opaque = 0
         self._paused = False
+        # Frames written during one loop iteration, sent together by _flush_writes: under
+        # pipelining one send syscall carries many responses instead of one each.
+        self._write_buffer: list[bytes] = []
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._close_listeners: list[CloseListener] = []
         self._closed = False
@@ -218,11 +222,22 @@ class Connection:
         if transport is None or self._closed:
             raise ConnectionClosedError(f"connection to {self.peer_text} is closed")
         head, body = encode_parts(cmd)
+        buffer = self._write_buffer
+        if not buffer:
+            self._loop.call_soon(self._flush_writes)
+        buffer.append(head)
         if body:
-            transport.writelines([head, body])
-        else:
-            transport.write(head)
+            buffer.append(body)
         self._last_activity_ms = self._clock.monotonic_ms()
+
+    def _flush_writes(self) -> None:
+        buffer = self._write_buffer
+        if not buffer:
+            return
+        self._write_buffer = []
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(buffer)
 
     async def _drain(self) -> None:
         if self._closed:
@@ -251,6 +266,7 @@ class Connection:
 
     def close(self) -> None:
         """Close after flushing queued writes. Pending requests fail with ConnectionClosedError."""
+        self._flush_writes()
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
         elif self._transport is None:
