@@ -79,14 +79,21 @@ async def test_missing_header_field_is_system_error(broker: Harness) -> None:
     assert "producerGroup" in (response.remark or "")
 
 
-@pytest.mark.parametrize("props", [{"TRAN_MSG": "true"}, {"DELAY": "3"}])
-async def test_transaction_and_delay_not_supported_yet(
+@pytest.mark.parametrize("props", [{"DELAY": "x3"}, {"TIMER_DELIVER_MS": "soon"}])
+async def test_malformed_delay_is_stored_undelayed_or_refused(
     broker: Harness, props: dict[str, str]
 ) -> None:
+    # A DELAY that is not a number is ignored (Java's parse fails the same way: no delay); a
+    # TIMER_* property that is not a number is refused. Neither is parked.
     response = await broker.send("TopicX", b"x", properties=props)
-    assert response.code == ResponseCode.NO_PERMISSION
-    assert "not supported" in (response.remark or "")
-    assert broker.app.store.max_offset("TopicX", 0) == 0
+    if "DELAY" in props:
+        assert response.code == ResponseCode.SUCCESS
+        assert broker.app.store.max_offset("TopicX", 0) == 1
+    else:
+        assert response.code == ResponseCode.MESSAGE_ILLEGAL
+        assert "TIMER_DELIVER_MS" in (response.remark or "")
+        assert broker.app.store.max_offset("TopicX", 0) == 0
+    assert broker.app.store.max_offset("SCHEDULE_TOPIC_XXXX", 2) == 0
 
 
 async def test_disconnect_mid_request_leaves_the_broker_serving(broker: Harness) -> None:

@@ -3,7 +3,8 @@
     start:  store (recover) ─▶ topic / group / offset tables (load) ─▶ pull hold, flush service
             ─▶ handler table ─▶ RemotingServer (listenPort, and listenPort-2 for the VIP channel)
             ─▶ address known (port 0 → the bound port) ─▶ register with name servers
-            ─▶ periodic services: offset persistence, client expiry, file cleanup
+            ─▶ periodic services: offset persistence, client expiry, file cleanup, and the
+               transaction check-back (its ledger is rebuilt from the store before serving)
     stop:   the reverse: unregister, release held pulls, close the server, stop the services,
             final flush, persist offsets, shut the store (removes `abort`: a clean stop)
 
@@ -26,15 +27,23 @@ from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.admin import AdminHandlers
 from tidemq.broker.handlers.client import ClientHandlers
 from tidemq.broker.handlers.common import BrokerAddress
+from tidemq.broker.handlers.end_transaction import EndTransactionHandler
 from tidemq.broker.handlers.offsets import OffsetHandlers
 from tidemq.broker.handlers.pull import PullHandler
 from tidemq.broker.handlers.query import QueryHandlers
 from tidemq.broker.handlers.send import SendHandler
+from tidemq.broker.handlers.send_back import SendBackHandler
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.pull_hold import PullHoldService
 from tidemq.broker.registration import RegistrationService
+from tidemq.broker.schedule import DelayRouter, ScheduleService
 from tidemq.broker.service import PeriodicService
+from tidemq.broker.timer import TimerWheel
 from tidemq.broker.topics import TopicTable
+from tidemq.broker.transaction.admin import TransactionAdminHandlers
+from tidemq.broker.transaction.check_back import CheckBackConfig, CheckBackService
+from tidemq.broker.transaction.resolution import TransactionLedger, TransactionResolver
+from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.clock import Clock
 from tidemq.remoting.client import RemotingClient
 from tidemq.remoting.handlers import HandlerTable
@@ -95,6 +104,23 @@ class BrokerApp:
         )
         self.locks = QueueLockTable(clock)
         self.pull_hold = PullHoldService(long_polling=config.long_polling_enable)
+        self.transaction_stats = TransactionStats()
+        self.transactions = TransactionResolver(
+            self.store,
+            TransactionLedger(),
+            self.transaction_stats,
+            clock,
+            (self.advertised.host, self.advertised.port),
+        )
+        self.check_back: CheckBackService | None = None
+        self.schedule = ScheduleService(self.store, config.delay_levels_ms, clock, config_dir)
+        self.timer = TimerWheel(self.store, clock, config_dir)
+        self.delays = DelayRouter(
+            config.delay_levels_ms,
+            clock,
+            timer=self.timer,
+            timer_max_delay_ms=config.timer_max_delay_sec * 1000,
+        )
         self._namesrv_client: RemotingClient | None = None
         self._server: RemotingServer | None = None
         self.flush: FlushService | None = None
@@ -149,8 +175,13 @@ class BrokerApp:
         self.topics.persist()
         self.groups.load()
         self.offsets.load()
+        self.transactions.rebuild(self.offsets)
         self.pull_hold.start()
         self.store.add_dispatch_listener(self.pull_hold.on_dispatch)
+        self.schedule.load()
+        self.store.add_dispatch_listener(self.schedule.on_dispatch)
+        self.timer.load()
+        self.store.add_dispatch_listener(self.timer.on_dispatch)
         self.flush = FlushService(
             self.store.flush,
             sync=config.flush_disk_type == "SYNC_FLUSH",
@@ -171,6 +202,7 @@ class BrokerApp:
         )
         await self._server.start()
         self.advertised.port = self._server.port
+        self.transactions.set_store_host((self.advertised.host, self.advertised.port))
         self._namesrv_client = RemotingClient(clock=self.clock)
         self.registration = RegistrationService(
             config, self.advertised, self.topics, self._namesrv_client
@@ -185,14 +217,55 @@ class BrokerApp:
             ),
             PeriodicService("client-expiry", CLIENT_SCAN_INTERVAL_MS, self.clients.expire),
             PeriodicService("file-cleanup", config.cleanup_interval_ms, self._clean_files),
+            PeriodicService(
+                "delay-offset-persist",
+                config.consumer_offset_persist_interval_ms,
+                self.schedule.persist_if_dirty,
+            ),
+            PeriodicService(
+                "timer-progress-persist",
+                config.consumer_offset_persist_interval_ms,
+                self.timer.persist_if_dirty,
+            ),
         ]
         for service in self._periodic:
             service.start()
+        self.check_back = CheckBackService(
+            CheckBackConfig.from_broker(config),
+            self.transactions,
+            self.offsets,
+            lambda group: [c.connection for c in self.clients.producer_channels(group)],
+            self.clock,
+        )
+        if config.is_master:
+            self.check_back.start()
+            self.schedule.start()
+            self.timer.start()
 
     def _handler_table(self, flush: FlushService) -> HandlerTable:
         table = HandlerTable()
         SendHandler(
-            self.config, self.advertised, self.store, self.topics, self.groups, flush
+            self.config,
+            self.advertised,
+            self.store,
+            self.topics,
+            self.groups,
+            flush,
+            self.transactions,
+            self.delays,
+        ).register(table)
+        SendBackHandler(
+            self.config,
+            self.advertised,
+            self.store,
+            self.topics,
+            self.groups,
+            flush,
+            self.delays,
+        ).register(table)
+        EndTransactionHandler(self.config, self.transactions, flush.wait_flushed).register(table)
+        TransactionAdminHandlers(
+            self.transactions.ledger, self.transaction_stats, self.clock
         ).register(table)
         PullHandler(
             self.config,
@@ -244,6 +317,10 @@ class BrokerApp:
         if self._server is not None:
             await self._server.stop()
         await self._notifier.stop()
+        if self.check_back is not None:
+            await self.check_back.stop()
+        await self.schedule.stop()
+        await self.timer.stop()
         for service in reversed(self._periodic):
             await service.stop()
         self._periodic = []

@@ -29,6 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from tidemq.broker.delay_levels import (
+    DELAY_LEVELS_DEFAULT,
+    TIMER_MAX_DELAY_SEC_DEFAULT,
+    parse_delay_levels,
+)
 from tidemq.broker.properties import parse_properties
 from tidemq.errors import QueueError
 from tidemq.limits import (
@@ -95,6 +100,9 @@ class BrokerConfig:
     transaction_timeout_ms: int = 6_000
     transaction_check_max: int = 15
     transaction_check_interval_ms: int = 60_000
+    message_delay_level: str = DELAY_LEVELS_DEFAULT
+    timer_max_delay_sec: int = TIMER_MAX_DELAY_SEC_DEFAULT
+    enable_property_filter: bool = False
 
     def __post_init__(self) -> None:
         def bad(key: str, value: object, why: str) -> ConfigError:
@@ -149,6 +157,12 @@ class BrokerConfig:
         ):
             if value <= 0:
                 raise bad(key, value, "must be > 0 ms")
+        try:
+            parse_delay_levels(self.message_delay_level)
+        except ValueError as exc:
+            raise bad("messageDelayLevel", self.message_delay_level, str(exc)) from None
+        if self.timer_max_delay_sec <= 0:
+            raise bad("timerMaxDelaySec", self.timer_max_delay_sec, "must be > 0 s")
         if self.transaction_check_max < 0:
             raise bad("transactionCheckMax", self.transaction_check_max, "must be >= 0")
         for addr in self.namesrv_addrs:
@@ -164,6 +178,10 @@ class BrokerConfig:
     @property
     def delete_when_hours(self) -> tuple[int, ...]:
         return tuple(int(h) for h in self.delete_when.split(";"))
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        return parse_delay_levels(self.message_delay_level)
 
     @property
     def is_master(self) -> bool:
@@ -395,6 +413,9 @@ _KEYS: Final[tuple[_Key, ...]] = (
         _parse_int,
         "Period (ms) of the transaction check-back scan.",
     ),
+    _Key("messageDelayLevel", "message_delay_level", _parse_str, "Delay levels 1..N (s m h d)."),
+    _Key("timerMaxDelaySec", "timer_max_delay_sec", _parse_int, "Latest TIMER_DELIVER_MS, s."),
+    _Key("enablePropertyFilter", "enable_property_filter", _parse_bool, "Allow SQL92 filters."),
 )
 
 # Keys needing conversion or cross-checks rather than a plain field assignment.

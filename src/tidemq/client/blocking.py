@@ -29,6 +29,13 @@ from .admin import Admin
 from .message import Message, MessageExt, PullResult, SendResult
 from .producer import Producer
 from .pull_consumer import PullConsumer
+from .transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+    state_of,
+)
 
 T = TypeVar("T")
 
@@ -107,6 +114,42 @@ class BlockingProducer(_BlockingBase):
 
     def send_batch(self, messages: Sequence[Message]) -> SendResult:
         return self._run(self.producer.send_batch(messages))
+
+
+class BlockingTransactionProducer(BlockingProducer):
+    """`TransactionProducer` with blocking methods. `execute_local_transaction` runs in the
+    calling thread (as in Java), between the half send and END_TRANSACTION run on the loop;
+    check-backs run on the producer's worker pool."""
+
+    def __init__(
+        self,
+        group: str,
+        namesrv_addr: str | Sequence[str],
+        *,
+        listener: TransactionListener,
+        **options: Any,
+    ) -> None:
+        _BlockingBase.__init__(
+            self,
+            f"tidemq-tx-producer-{group}",
+            lambda: TransactionProducer(group, namesrv_addr, listener=listener, **options),
+        )
+        self.producer: TransactionProducer = self._client
+
+    def send_message_in_transaction(
+        self, message: Message, arg: Any = None
+    ) -> TransactionSendResult:
+        half = self._run(self.producer.send_half(message))
+        state, remark = LocalTransactionState.ROLLBACK_MESSAGE, None
+        if half.run_local:
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = self.producer.listener.execute_local_transaction(half.message, arg)
+            except Exception as exc:
+                error = exc
+            state, remark = state_of(result, error, "local transaction", half.msg_id)
+        return self._run(self.producer.end_transaction(half, state, remark))
 
 
 class BlockingPullConsumer(_BlockingBase):

@@ -68,6 +68,11 @@ class RequestCode(IntEnum):
     SEND_BATCH_MESSAGE = 320
     QUERY_DATA_VERSION = 322
     ADD_WRITE_PERM_OF_BROKER = 327
+    # TideMQ-private admin requests, numbered from 10_000 so they never collide with RocketMQ's
+    # (whose codes stay below 1_000 in 4.x and 5.x). A RocketMQ broker answers them
+    # REQUEST_CODE_NOT_SUPPORTED. Bodies are JSON (broker/transaction/admin.py).
+    TIDEMQ_TX_LIST = 10_001  # in-flight half messages (`tidemq tx list`)
+    TIDEMQ_TX_STATS = 10_002  # transaction counters (`tidemq tx stats`)
 
 
 class ResponseCode(IntEnum):

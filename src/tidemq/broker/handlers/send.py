@@ -11,9 +11,13 @@ as false and stores as one blob; we split it). A C++ batch body may be zlib-comp
 message keeps its flag, body and properties, gains the outer properties and CLUSTER, and takes
 topic, queue, sysFlag, born time and hosts from the outer request.
 
-Seams for later issues: a TRAN_MSG send (half message, §8) and a DELAY send (§9) are answered
-NO_PERMISSION "not supported yet" rather than stored as plain messages, which would deliver them
-at the wrong time. A send to %RETRY%<group> checks the group but does not yet divert to the DLQ.
+A send whose TRAN_MSG property is true (any sysFlag: the C++ client sets only the property) is
+stored as a half message by the transaction resolver (broker/transaction/, §8); the response's
+queueOffset is then the half queue's offset, which END_TRANSACTION quotes back.
+
+A single send with DELAY > 0 or a TIMER_* property is parked by the DelayRouter (schedule.py,
+§9); a send to %RETRY%<group> whose reconsumeTimes reached the limit goes to %DLQ%<group>
+(send_back.py, §4.1 step 5).
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.broker.flush import FlushService
 from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
+from tidemq.broker.handlers.send_back import redirect_exhausted
+from tidemq.broker.schedule import DelayRefused, DelayRouter
 from tidemq.broker.topics import TopicTable
+from tidemq.broker.transaction.resolution import TransactionBusy, TransactionResolver
 from tidemq.errors import ProtocolError
 from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX
 from tidemq.protocol.bodies import TopicConfig
@@ -81,6 +88,8 @@ class SendHandler:
         topics: TopicTable,
         groups: SubscriptionGroupTable,
         flush: FlushService,
+        transactions: TransactionResolver | None = None,
+        delays: DelayRouter | None = None,
     ) -> None:
         self._config = config
         self._address = address
@@ -88,6 +97,8 @@ class SendHandler:
         self._topics = topics
         self._groups = groups
         self._flush = flush
+        self._transactions = transactions
+        self._delays = delays
         # Spreads sends with queueId < 0 over the queues (no randomness outside cli/testing).
         self._spread = itertools.count()
 
@@ -130,11 +141,12 @@ class SendHandler:
                     reconsume_times=header.reconsume_times,
                 )
             ]
-        results = (
-            self._store.put_messages(messages)
-            if is_batch
-            else [self._store.put_message(messages[0])]
-        )
+        if is_batch:
+            results = self._store.put_messages(messages)
+        elif _is_true(properties.get(TRAN_MSG)):
+            results = [self._prepare(messages[0], header.producer_group)]
+        else:
+            results = [self._store.put_message(self._park(messages[0], header))]
         return await self._answer(request, header, queue_id, results)
 
     # -- checks ------------------------------------------------------------------------------
@@ -216,18 +228,31 @@ class SendHandler:
                     f"the broker[{self._config.broker_name}] sending transaction message is "
                     "forbidden",
                 )
-            # Seam: half messages (RMQ_SYS_TRANS_HALF_TOPIC, §8) come with the transaction issue.
+            if self._transactions is None:
+                raise Refusal(
+                    ResponseCode.NO_PERMISSION,
+                    "transactional messages are not supported by this broker",
+                )
+
+    def _park(self, message: MessageToStore, header: SendMessageRequestHeader) -> MessageToStore:
+        message = redirect_exhausted(
+            message, header.max_reconsume_times, self._groups, self._topics
+        )
+        if self._delays is None:
+            return message
+        try:
+            return self._delays.route(message)
+        except DelayRefused as exc:
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"bad delayed message: {exc}") from None
+
+    def _prepare(self, message: MessageToStore, producer_group: str) -> PutResult:
+        assert self._transactions is not None
+        try:
+            return self._transactions.prepare(message, producer_group)
+        except TransactionBusy as exc:
             raise Refusal(
-                ResponseCode.NO_PERMISSION,
-                "transactional messages are not supported by this broker yet",
-            )
-        delay = properties.get(DELAY, "").strip()
-        if delay and delay.lstrip("-").isdigit() and int(delay) > 0:
-            # Seam: SCHEDULE_TOPIC_XXXX delivery (§9) comes with the delay issue.
-            raise Refusal(
-                ResponseCode.NO_PERMISSION,
-                f"delayed messages (DELAY={delay}) are not supported by this broker yet",
-            )
+                ResponseCode.SYSTEM_BUSY, f"[TRANSACTIONS_BUSY] {exc}; try again later"
+            ) from None
 
     def _check_size(self, body_size: int) -> None:
         if body_size > self._config.max_message_size:

@@ -1,0 +1,183 @@
+"""CONSUMER_SEND_MSG_BACK (36): a consumer hands back a message it failed to consume (§4.9).
+
+    group exists (26) ─▶ retryQueueNums <= 0: answer 0, do nothing ─▶ %RETRY%<group> exists
+    ─▶ load the message at header.offset (SYSTEM_ERROR if absent) ─▶ destination:
+         reconsumeTimes >= max  or  delayLevel < 0   ─▶ %DLQ%<group> queue 0, no delay
+         otherwise (delayLevel 0 ─▶ 3 + reconsumeTimes) ─▶ %RETRY%<group>, DELAY = level
+    ─▶ new message: same body, flags, born fields and properties; reconsumeTimes + 1;
+       RETRY_TOPIC = the original topic (kept if already set); ORIGIN_MESSAGE_ID = the first
+       msgId; RECONSUME_TIME = the new count ─▶ parked by the DelayRouter ─▶ 0
+
+`max` is the header's maxReconsumeTimes when present (ali-ons and Java send it), else the group's
+retryMaxTimes (16). The same limit applies to a direct send to %RETRY%<group> whose
+reconsumeTimes has reached it (§4.1 step 5): `redirect_exhausted` sends it to the DLQ instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Final
+
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.flush import FlushService
+from tidemq.broker.groups import SubscriptionGroupConfig, SubscriptionGroupTable
+from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
+from tidemq.broker.schedule import DelayRefused, DelayRouter
+from tidemq.broker.topics import PERM_DEFAULT, TopicTable
+from tidemq.errors import CorruptRecordError
+from tidemq.protocol import record as rec
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.headers import ConsumerSendMsgBackRequestHeader
+from tidemq.protocol.message import (
+    DELAY,
+    ORIGIN_MESSAGE_ID,
+    RECONSUME_TIME,
+    RETRY_TOPIC,
+    Perm,
+    decode_properties,
+    dlq_topic,
+    encode_properties,
+    group_of_retry_topic,
+    offset_msg_id,
+)
+from tidemq.remoting.connection import Connection
+from tidemq.remoting.handlers import HandlerTable
+from tidemq.store.dispatch import TAGS_CODE_PROPERTY
+from tidemq.store.message_store import FileMessageStore
+from tidemq.store.types import MessageToStore
+
+log = logging.getLogger(__name__)
+
+# delayLevel 0 from the client means "the broker picks": 3 + reconsumeTimes (first retry 10 s).
+RETRY_DELAY_LEVEL_BASE: Final = 3
+DLQ_QUEUE_NUMS: Final = 1
+
+
+def retry_limit(group: SubscriptionGroupConfig, from_request: int | None) -> int:
+    return from_request if from_request is not None and from_request >= 0 else group.retry_max_times
+
+
+def redirect_exhausted(
+    message: MessageToStore,
+    max_reconsume_times: int | None,
+    groups: SubscriptionGroupTable,
+    topics: TopicTable,
+) -> MessageToStore:
+    """A direct send to %RETRY%<group> past the retry limit goes to %DLQ%<group>, undelayed."""
+    group_name = group_of_retry_topic(message.topic)
+    if group_name is None:
+        return message
+    group = groups.find_or_create(group_name)
+    if group is None or message.reconsume_times < retry_limit(group, max_reconsume_times):
+        return message
+    dlq = topics.ensure(dlq_topic(group_name), DLQ_QUEUE_NUMS, PERM_DEFAULT)
+    props = decode_properties(message.properties)
+    props.pop(DELAY, None)
+    log.info("%s: reconsumeTimes %d, to the DLQ", message.topic, message.reconsume_times)
+    message.topic = dlq.topic_name
+    message.queue_id = 0
+    message.properties = encode_properties(props)
+    return message
+
+
+class SendBackHandler:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        address: BrokerAddress,
+        store: FileMessageStore,
+        topics: TopicTable,
+        groups: SubscriptionGroupTable,
+        flush: FlushService,
+        delays: DelayRouter,
+    ) -> None:
+        self._config = config
+        self._address = address
+        self._store = store
+        self._topics = topics
+        self._groups = groups
+        self._flush = flush
+        self._delays = delays
+        self._spread = itertools.count()
+
+    def register(self, table: HandlerTable) -> None:
+        table.register(RequestCode.CONSUMER_SEND_MSG_BACK, guarded(self.handle))
+
+    async def handle(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand | None:
+        header = ConsumerSendMsgBackRequestHeader.from_fields(request.ext_fields)
+        if not Perm.is_writable(self._config.broker_permission):
+            raise Refusal(
+                ResponseCode.NO_PERMISSION,
+                f"the broker[{self._config.broker_name}] sending message is forbidden",
+            )
+        group = self._groups.find_or_create(header.group)
+        if group is None:
+            raise Refusal(
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                f"subscription group [{header.group}] does not exist",
+            )
+        if group.retry_queue_nums <= 0:
+            return request.response(ResponseCode.SUCCESS)
+        retry = self._topics.ensure_retry_topic(header.group, group.retry_queue_nums)
+        data = self._store.read_record(header.offset)
+        try:
+            if data is None:
+                raise CorruptRecordError("no record there")
+            original = rec.decode_record(data)
+        except CorruptRecordError as exc:
+            raise Refusal(
+                ResponseCode.SYSTEM_ERROR, f"look message by offset {header.offset} failed: {exc}"
+            ) from None
+        props = decode_properties(rec.strip_crc_property(original.properties))
+        props.pop(TAGS_CODE_PROPERTY, None)
+        props.setdefault(RETRY_TOPIC, header.origin_topic or original.topic)
+        if not props.get(ORIGIN_MESSAGE_ID):
+            host, port = original.store_host
+            props[ORIGIN_MESSAGE_ID] = header.origin_msg_id or offset_msg_id(
+                host, port, original.physical_offset
+            )
+        times = original.reconsume_times
+        delay_level = header.delay_level
+        if times >= retry_limit(group, header.max_reconsume_times) or delay_level < 0:
+            topic = self._topics.ensure(dlq_topic(header.group), DLQ_QUEUE_NUMS, PERM_DEFAULT)
+            queue_id = 0
+            delay_level = 0
+        else:
+            topic = retry
+            queue_id = next(self._spread) % max(1, retry.write_queue_nums)
+            if delay_level == 0:
+                delay_level = RETRY_DELAY_LEVEL_BASE + times
+        if delay_level > 0:
+            props[DELAY] = str(delay_level)
+        else:
+            props.pop(DELAY, None)
+        props[RECONSUME_TIME] = str(times + 1)
+        message = MessageToStore(
+            topic=topic.topic_name,
+            queue_id=queue_id,
+            body=original.body,
+            flag=original.flag,
+            properties=encode_properties(props),
+            sys_flag=original.sys_flag,
+            born_timestamp=original.born_timestamp,
+            born_host=original.born_host,
+            store_host=(self._address.host, self._address.port),
+            reconsume_times=times + 1,
+        )
+        try:
+            message = self._delays.route(message)
+        except DelayRefused as exc:
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+        result = self._store.put_message(message)
+        if not result.ok:
+            raise Refusal(
+                ResponseCode.SYSTEM_ERROR,
+                f"send back to {topic.topic_name} failed: {result.status.value} {result.error}",
+            )
+        if not await self._flush.wait_flushed(result.physical_offset + result.size):
+            return request.response(ResponseCode.FLUSH_DISK_TIMEOUT, remark="not flushed in time")
+        return request.response(ResponseCode.SUCCESS)
