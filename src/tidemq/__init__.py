@@ -8,7 +8,12 @@ The public client API lives here; everything else is reached through its subpack
 
 from tidemq._version import __version__
 from tidemq.client.admin import Admin
-from tidemq.client.blocking import BlockingAdmin, BlockingProducer, BlockingPullConsumer
+from tidemq.client.blocking import (
+    BlockingAdmin,
+    BlockingProducer,
+    BlockingPullConsumer,
+    BlockingTransactionProducer,
+)
 from tidemq.client.consumer import PushConsumer
 from tidemq.client.instance import ClientInstance
 from tidemq.client.message import (
@@ -27,6 +32,12 @@ from tidemq.client.message import (
 )
 from tidemq.client.producer import Producer
 from tidemq.client.pull_consumer import PullConsumer
+from tidemq.client.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 from tidemq.errors import (
     BrokerError,
     ClientClosedError,
@@ -43,6 +54,7 @@ __all__ = [
     "BlockingAdmin",
     "BlockingProducer",
     "BlockingPullConsumer",
+    "BlockingTransactionProducer",
     "BrokerError",
     "ClientClosedError",
     "ClientError",
@@ -52,6 +64,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeOrderlyStatus",
     "ConsumeResult",
+    "LocalTransactionState",
     "Message",
     "MessageExt",
     "MessageModel",
@@ -67,5 +80,8 @@ __all__ = [
     "RequestTimeoutError",
     "SendResult",
     "SendStatus",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
     "__version__",
 ]
