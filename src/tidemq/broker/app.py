@@ -277,9 +277,14 @@ class BrokerApp:
             self.pull_hold,
         ).register(table)
         OffsetHandlers(self.store, self.offsets).register(table)
-        ClientHandlers(self.clock, self.clients, self.locks, self.groups, self.topics).register(
-            table
-        )
+        ClientHandlers(
+            self.clock,
+            self.clients,
+            self.locks,
+            self.groups,
+            self.topics,
+            property_filter_enabled=self.config.enable_property_filter,
+        ).register(table)
         AdminHandlers(
             self.config,
             self.advertised,

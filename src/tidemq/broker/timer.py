@@ -2,23 +2,24 @@
 lazily, so millions of pending timers cost disk, not memory.
 
     send TIMER_DELIVER_MS=T ─▶ DelayRouter ─▶ TimerWheel.park ─▶ topic rmq_sys_timer_<B>, queue 0
-        B = T rounded down to the bucket width (TIMER_BUCKET_MS, 1 min); CQ tags code = T
+        B = T rounded down to the bucket width (TIMER_BUCKET_MS, 10 min); CQ tags code = T
     a bucket opens one width before B: its consume queue is read into a heap of
-        (T, queue offset) — 16 bytes of payload per timer of the next two minutes, never more
+        (T, queue offset) — one small tuple per timer of the next two widths, never more
     due heap entries are re-stored to REAL_TOPIC / REAL_QID (schedule.restore_real)
     a bucket whose end has passed, fully delivered, is deleted (its consume queue; the records
     age out of the commit log with retention)
-    timerProgress.json {"bucketMs":60000,"watermarks":{"<B>":W}}
+    timerProgress.json {"bucketMs":600000,"watermarks":{"<B>":W}}
 
-Memory: one int per bucket that holds messages (at most horizon / width: 10,080 for 7 days) plus
+Memory: one int per bucket that holds messages (at most horizon / width: 1,008 for 7 days) plus
 the heaps of the open buckets. Timing: the service sleeps until the earliest heap head or the next
 bucket opening, whichever is first; a park into an open bucket wakes it (no fixed poll).
 
 Restart safety. Heap order is delivery order, so "every timer of bucket B due before W has been
-delivered" is one number per open bucket, the watermark W: after a pass it is the heap's head (or
-now + 1 when the heap is empty and the queue fully read). It is persisted every few seconds and at
-stop; on restart a bucket's entries before W are skipped. A crash re-delivers at most the timers
-delivered since the last persist (at least once), and never early: T is in the record.
+delivered" is one number per open bucket, the watermark W: after a pass that read the whole
+queue it is min(heap head, now + 1) — a timer that arrives later is due after now. It is
+persisted every few seconds and at stop; on restart a bucket's entries before W are skipped.
+A crash re-delivers at most the timers delivered since the last persist (at least once), and
+never early: T is in the record.
 A closed bucket keeps a tombstone watermark (its end) for an hour, so a crash that re-dispatches
 its records into a fresh consume queue does not deliver them twice.
 """
@@ -46,8 +47,9 @@ from tidemq.store.types import DispatchEvent, GetStatus, MessageToStore
 log = logging.getLogger(__name__)
 
 TIMER_TOPIC_PREFIX: Final = "rmq_sys_timer_"
-# Width of one bucket topic. Wider: fewer topics, bigger heaps; 1 min keeps both small.
-TIMER_BUCKET_MS: Final = 60_000
+# Width of one bucket topic. Wider: fewer topics (each costs a consume-queue file, created and
+# flushed), bigger heaps. 10 min: at most 1,008 topics for 7 days, heaps of ~20 minutes of timers.
+TIMER_BUCKET_MS: Final = 600_000
 TIMER_PROGRESS_FILE: Final = "timerProgress.json"
 # Store reads and deliveries per pass before yielding the event loop.
 TIMER_WORK_PER_PASS_MAX: Final = 1_024
@@ -248,7 +250,9 @@ class TimerWheel:
 
     def _settle(self, bucket: _OpenBucket, now: int) -> None:
         """Advance the watermark of a fully read bucket; close it once its time is over."""
-        mark = bucket.heap[0][0] if bucket.heap else now + 1
+        # Arrivals are due after `now` (the router delivers the others at once), so every
+        # timer before min(head, now + 1) has been delivered, whatever arrives next.
+        mark = min(bucket.heap[0][0], now + 1) if bucket.heap else now + 1
         end = bucket.start_ms + self._bucket_ms
         if not bucket.heap and end <= now:
             mark = end

@@ -2,7 +2,9 @@
 
 HEART_BEAT also makes sure each consumer group has its config (auto-created by default) and its
 retry topic `%RETRY%<group>`; creating the topic bumps the topic table's version, whose change
-listener re-registers the broker with every name server at once.
+listener re-registers the broker with every name server at once. A heartbeat with a SQL92
+subscription that does not parse (or with enablePropertyFilter off) is refused whole with
+SUBSCRIPTION_PARSE_FAILED, before anything is registered.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 from typing import Final
 
 from tidemq.broker.clients import ClientChannel, ClientRegistry, QueueLockTable
+from tidemq.broker.filter import FilterRefused, build_filter
 from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.common import Refusal, guarded
 from tidemq.broker.topics import TopicTable
@@ -47,7 +50,10 @@ class ClientHandlers:
         locks: QueueLockTable,
         groups: SubscriptionGroupTable,
         topics: TopicTable,
+        *,
+        property_filter_enabled: bool = False,
     ) -> None:
+        self._property_filter_enabled = property_filter_enabled
         self._clock = clock
         self._clients = clients
         self._locks = locks
@@ -69,6 +75,7 @@ class ClientHandlers:
 
     async def heartbeat(self, connection: Connection, request: RemotingCommand) -> RemotingCommand:
         data = HeartbeatData.from_json(request.body)
+        self._check_filters(data)
         self._hook_close(connection)
         now = self._clock.monotonic_ms()
 
@@ -102,6 +109,23 @@ class ClientHandlers:
         for producer in data.producer_data_set:
             self._clients.register_producer(producer.group_name, channel())
         return request.response(ResponseCode.SUCCESS)
+
+    def _check_filters(self, data: HeartbeatData) -> None:
+        for consumer in data.consumer_data_set:
+            for sub in consumer.subscription_data_set:
+                if sub.expression_type.strip().upper() == "TAG":
+                    continue  # tag expressions are lenient at heartbeat, as in RocketMQ
+                try:
+                    build_filter(
+                        sub.sub_string,
+                        sub.expression_type,
+                        sql_enabled=self._property_filter_enabled,
+                    )
+                except FilterRefused as exc:
+                    raise Refusal(
+                        ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                        f"group {consumer.group_name}, topic {sub.topic}: {exc}",
+                    ) from None
 
     async def unregister(self, connection: Connection, request: RemotingCommand) -> RemotingCommand:
         header = UnregisterClientRequestHeader.from_fields(request.ext_fields)

@@ -6,7 +6,9 @@
 
 The filter comes from the request's `subscription` when the SUBSCRIPTION bit is set, else from the
 group's heartbeat subscription (missing: 24; older than the request's subVersion: 25). Tag codes
-are always recomputed from the expression text: C++ heartbeats carry atoi(tag) as codeSet.
+are always recomputed from the expression text: C++ heartbeats carry atoi(tag) as codeSet. A SQL92
+expression (enablePropertyFilter) is evaluated on each record that passes the tag-code sieve
+(broker/filter/); a bad one is answered SUBSCRIPTION_PARSE_FAILED.
 
 Store status → response code (§4.2 table):
 
@@ -29,12 +31,12 @@ from typing import Final
 
 from tidemq.broker.clients import ClientRegistry
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.filter import FilterRefused, SubscriptionFilter, build_filter
 from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.common import Refusal, guarded
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.pull_hold import PullHoldService
 from tidemq.broker.topics import TopicTable
-from tidemq.errors import ProtocolError
 from tidemq.limits import PULL_MESSAGE_COUNT_MAX
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
@@ -43,12 +45,7 @@ from tidemq.protocol.headers import (
     PullMessageResponseHeader,
     PullSysFlag,
 )
-from tidemq.protocol.message import (
-    EXPRESSION_TYPE_TAG,
-    Perm,
-    TagFilter,
-    parse_tag_expression,
-)
+from tidemq.protocol.message import Perm
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.store.message_store import FileMessageStore
@@ -147,7 +144,9 @@ class PullHandler:
             return None
         return self._response(request, self._evaluate(header, tag_filter))
 
-    def _check(self, connection: Connection, header: PullMessageRequestHeader) -> TagFilter:
+    def _check(
+        self, connection: Connection, header: PullMessageRequestHeader
+    ) -> SubscriptionFilter:
         if not Perm.is_readable(self._config.broker_permission):
             raise Refusal(
                 ResponseCode.NO_PERMISSION,
@@ -199,26 +198,26 @@ class PullHandler:
             )
         return self._parse(subscription.sub_string, subscription.expression_type)
 
-    @staticmethod
-    def _parse(expression: str | None, expression_type: str | None) -> TagFilter:
-        if expression_type and expression_type.upper() != EXPRESSION_TYPE_TAG:
-            raise Refusal(
-                ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-                f"expression type {expression_type} is not supported by this broker (TAG only)",
-            )
+    def _parse(self, expression: str | None, expression_type: str | None) -> SubscriptionFilter:
         try:
-            return parse_tag_expression(expression)
-        except ProtocolError as exc:
+            return build_filter(
+                expression, expression_type, sql_enabled=self._config.enable_property_filter
+            )
+        except FilterRefused as exc:
             raise Refusal(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc)) from None
 
-    def _evaluate(self, header: PullMessageRequestHeader, tag_filter: TagFilter) -> _Evaluation:
+    def _evaluate(
+        self, header: PullMessageRequestHeader, tag_filter: SubscriptionFilter
+    ) -> _Evaluation:
         count = max(1, min(header.max_msg_nums, PULL_MESSAGE_COUNT_MAX))
+        predicate = tag_filter.predicate
         result = self._store.get_messages(
             header.topic,
             header.queue_id,
             header.queue_offset,
             count,
-            tag_codes=None if tag_filter.matches_all else tag_filter.codes,
+            tag_codes=tag_filter.codes,
+            message_filter=predicate.matches_record if predicate is not None else None,
         )
         return _Evaluation(pull_response_code(result.status, header.queue_offset), result)
 
@@ -250,5 +249,7 @@ class PullHandler:
         ).to_fields()
 
 
-def _arrival_matches(tag_filter: TagFilter, event: DispatchEvent) -> bool:
-    return tag_filter.matches_code(event.tags_code)
+def _arrival_matches(tag_filter: SubscriptionFilter, event: DispatchEvent) -> bool:
+    return tag_filter.matches_code(event.tags_code) and tag_filter.matches_properties(
+        event.properties
+    )
