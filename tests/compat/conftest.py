@@ -203,15 +203,23 @@ def stop_server(server: TideMQServer) -> None:
 
 
 @pytest.fixture
-def tidemq_dev(tmp_path: Path) -> Iterator[TideMQServer]:
+def dev_settings() -> dict[str, str]:
+    """broker.conf keys for `tidemq dev` (`--set KEY=VALUE`); a test module overrides this
+    fixture to change them, e.g. a short messageDelayLevel so retries come fast."""
+    return {}
+
+
+@pytest.fixture
+def tidemq_dev(tmp_path: Path, dev_settings: dict[str, str]) -> Iterator[TideMQServer]:
     """`tidemq dev`: one name server and one broker in one process."""
     namesrv_port, broker_port = free_port(), free_port()
     work_dir = tmp_path / "server"
     work_dir.mkdir()
+    settings = [arg for key, value in dev_settings.items() for arg in ("--set", f"{key}={value}")]
     proc = spawn(
         "dev",
         ["dev", "--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port),
-         "--data-dir", str(work_dir / "data")],
+         "--data-dir", str(work_dir / "data"), *settings],
         work_dir,
     )  # fmt: skip
     server = TideMQServer(f"127.0.0.1:{namesrv_port}", f"127.0.0.1:{broker_port}", [proc], work_dir)
@@ -449,12 +457,15 @@ class CppClients:
         *,
         model: str = "clustering",
         orderly: bool = False,
+        fail_once: bool = False,
     ) -> CppClient:
         # A consumer that starts before its topic has a route retries only every 30 s.
         wait_for_route(self.server, topic)
         args = ["push", "--group", group, "--topic", topic, "--expr", expr, "--model", model]
         if orderly:
             args.append("--orderly")
+        if fail_once:
+            args.append("--fail-once")
         return self._spawn(f"push-{len(self.clients)}", args)
 
     def pull(

@@ -14,7 +14,9 @@ over pipes, one JSON object per line:
                       {"event": "error", "id": 7, "error": "..."}, {"event": "stopped"}
     push:      stdout {"event": "ready"}, then {"event": "received", "body": ..., "tags": ...,
                       "queue_id": ..., "queue_offset": ..., ...} per callback; "stop" (or EOF)
-                      on stdin shuts the consumer down cleanly, then {"event": "stopped"}
+                      on stdin shuts the consumer down cleanly, then {"event": "stopped"};
+               with --fail-once the listener raises (RECONSUME_LATER) for every message whose
+               reconsume_times is 0, after reporting it with "failed": true
     pull:      pulls every queue from offset 0 (the binding keeps offsets in Python memory)
                until --expect messages arrived or --timeout-s passed; one "received" event per
                message, then {"event": "done", "count": n}
@@ -145,7 +147,10 @@ def run_push(args: argparse.Namespace) -> None:
         consumer.set_thread_count(args.thread_count)
 
     def on_message(msg: RecvMessage) -> None:
-        emit("received", **describe(msg))
+        fail = args.fail_once and msg.reconsume_times == 0
+        emit("received", failed=fail, **describe(msg))
+        if fail:
+            raise RuntimeError("fail-once: first delivery refused")  # the binding: RECONSUME_LATER
 
     consumer.subscribe(args.topic, on_message, args.expr)
     consumer.start()
@@ -190,6 +195,7 @@ def main() -> None:
     push.add_argument("--model", choices=["clustering", "broadcasting"], default="clustering")
     push.add_argument("--orderly", action="store_true")
     push.add_argument("--thread-count", type=int, default=0)
+    push.add_argument("--fail-once", action="store_true")
     pull = sub.add_parser("pull")
     pull.add_argument("--namesrv", required=True)
     pull.add_argument("--group", required=True)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tidemq.cli import dlq
 from tidemq.errors import QueueError
 
 Printer = Callable[[str], None]
@@ -100,6 +101,7 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
     progress.add_argument("-g", "--group", required=True)
     progress.add_argument("-t", "--topic", default=None)
     progress.set_defaults(run=run_group_progress)
+    dlq.add_group_actions(group_actions, namesrv_default=namesrv_default)  # reset-offset
 
 
 def _admin(args: argparse.Namespace) -> Any:

@@ -4,6 +4,7 @@ tidemq namesrv | broker | dev                  server processes (cli/servers.py)
 tidemq topic | cluster | send | consume | message | group    admin verbs (cli/admin.py)
 tidemq store verify|dump DIR                   offline store tools (cli/store.py)
 tidemq tx list|stats                           transactional messages (cli/tx.py)
+tidemq dlq list|resend                         dead letters (cli/dlq.py)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from tidemq._version import __version__
-from tidemq.cli import admin, servers, store, tx
+from tidemq.cli import admin, dlq, servers, store, tx
 
 NAMESRV_ADDR_DEFAULT = "127.0.0.1:9876"
 
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         verbs, namesrv_default=os.environ.get("TIDEMQ_NAMESRV_ADDR", NAMESRV_ADDR_DEFAULT)
     )
     store.add_parsers(verbs)
+    dlq.add_parsers(
+        verbs, namesrv_default=os.environ.get("TIDEMQ_NAMESRV_ADDR", NAMESRV_ADDR_DEFAULT)
+    )
     tx.add_parsers(
         verbs, namesrv_default=os.environ.get("TIDEMQ_NAMESRV_ADDR", NAMESRV_ADDR_DEFAULT)
     )

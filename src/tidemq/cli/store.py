@@ -33,5 +33,5 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_dump(args: argparse.Namespace) -> int:
-    tools.dump(args.dir, sys.stdout, limit=args.limit)
+    tools.dump(args.dir, sys.stdout, max_records=args.limit)
     return 0

@@ -16,6 +16,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Final
 
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
@@ -37,13 +38,20 @@ __all__ = [
     "SendStatus",
 ]
 
+# RocketMQ 5's absolute delivery time property (ms since the epoch); the broker's
+# broker/delay_levels.py reads it (the client may not import the broker, hence the copy).
+TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
     """A message to send. `keys` are indexed for lookup; `tags` is what consumers filter on.
 
     `properties` are user properties; the producer adds the system ones (UNIQ_KEY, TAGS, KEYS,
-    WAIT, DELAY) when it sends. `delay_level` 1..18 maps to the broker's delay table (1 s … 2 h).
+    WAIT, DELAY, TIMER_DELIVER_MS) when it sends. `delay_level` 1..18 maps to the broker's delay
+    table (1 s … 2 h). `deliver_time_ms` is an absolute wall-clock time (ms since the epoch) before
+    which consumers do not see the message (RocketMQ 5's TIMER_DELIVER_MS; up to the broker's
+    horizon, 7 days by default). A message has at most one of the two.
     """
 
     topic: str
@@ -53,6 +61,7 @@ class Message:
     properties: Mapping[str, str] = field(default_factory=dict)
     delay_level: int = 0
     flag: int = 0
+    deliver_time_ms: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.keys, str):
@@ -63,6 +72,11 @@ class Message:
             object.__setattr__(self, "body", bytes(self.body))
         if self.delay_level < 0:
             raise ValueError(f"delay_level must be >= 0, got {self.delay_level}")
+        if self.deliver_time_ms is not None:
+            if self.deliver_time_ms < 0:
+                raise ValueError(f"deliver_time_ms must be >= 0, got {self.deliver_time_ms}")
+            if self.delay_level > 0:
+                raise ValueError("a message has a delay_level or a deliver_time_ms, not both")
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,8 @@ are paired by opaque. `send_nowait(msg)` starts one and returns its future, like
 async send with a callback.
 
 Properties set on every message (remoting.md §6.3): UNIQ_KEY (client message id, kept if the
-caller already set one), WAIT=true, TAGS, KEYS (space-joined), DELAY (when delay_level > 0). A body
+caller already set one), WAIT=true, TAGS, KEYS (space-joined), DELAY (when delay_level > 0),
+TIMER_DELIVER_MS (when deliver_time_ms is set). A body
 of at least `compress_over_bytes` is zlib-compressed and flagged COMPRESSED (not for batches).
 """
 
@@ -54,7 +55,7 @@ from tidemq.protocol.headers import (
 
 from .fault import FaultTracker, select_queue
 from .instance import ClientInstance
-from .message import Message, MessageExt, SendResult, SendStatus
+from .message import TIMER_DELIVER_MS, Message, MessageExt, SendResult, SendStatus
 from .route_cache import DEFAULT_TOPIC_QUEUES_PER_BROKER, PublishInfo, publish_queues
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ def message_properties(message: Message, uniq_key: str) -> dict[str, str]:
         properties[pm.KEYS] = " ".join(message.keys)
     if message.delay_level > 0:
         properties[pm.DELAY] = str(message.delay_level)
+    if message.deliver_time_ms is not None:
+        properties[TIMER_DELIVER_MS] = str(message.deliver_time_ms)
     return properties
 
 
@@ -348,7 +351,7 @@ class Producer:
         for message in messages:
             if message.topic != topic:
                 raise ValueError("all messages of a batch must have the same topic")
-            if message.delay_level > 0:
+            if message.delay_level > 0 or message.deliver_time_ms is not None:
                 raise ValueError("delayed messages cannot be sent in a batch")
             validate_message(message, self.max_message_size)
             properties = message_properties(message, self._keys.next(self._clock.now_ms()))

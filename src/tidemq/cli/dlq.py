@@ -1,0 +1,333 @@
+"""`tidemq dlq list|resend` and `tidemq group reset-offset`: operator verbs over a group's offsets.
+
+    tidemq dlq list   -g GROUP [-n NAMESRV] [--limit N]
+        QUEUE  OFFSET  TOPIC  RECONSUMED  STORED  ORIGIN MSGID  RESENT  BODY
+    tidemq dlq resend -g GROUP [-n NAMESRV] [--count N]
+    tidemq group reset-offset -g GROUP -t TOPIC (--to-time MS | --to-earliest | --to-latest)
+
+Dead letters of a group live in `%DLQ%<group>` (broker/handlers/send_back.py), each with its
+original topic in RETRY_TOPIC and its first msgId in ORIGIN_MESSAGE_ID. `resend` sends each to
+that topic again as a fresh message (reconsume count 0) keeping its user properties, tags, keys,
+UNIQ_KEY (so consumers that deduplicate by msgId recognise it) and ORIGIN_MESSAGE_ID; the broker's
+bookkeeping properties are dropped. How far `resend` got is the group's own consumer offset on
+`%DLQ%<group>` (UPDATE_CONSUMER_OFFSET), so running it twice does not send a message twice and
+`list` can mark what was re-sent. Reading uses a separate pull group and never joins GROUP, so
+live consumers of the group are not rebalanced.
+
+`reset-offset` computes one offset per queue of the topic (GET_MIN_OFFSET, GET_MAX_OFFSET, or
+SEARCH_OFFSET_BY_TIMESTAMP, which answers the message stored nearest the time, as RocketMQ 4.x
+does) and stores it with UPDATE_CONSUMER_OFFSET. A running consumer would overwrite it with its
+next commit, so the group must be stopped: the verb refuses while the brokers see a live member,
+unless --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Final
+
+from tidemq.client import api
+from tidemq.client.admin import Admin
+from tidemq.client.message import TIMER_DELIVER_MS, Message, MessageExt, PullStatus
+from tidemq.client.producer import Producer
+from tidemq.client.route_cache import master_addresses, subscribe_queues
+from tidemq.errors import BrokerError, QueueError
+from tidemq.protocol import message as pm
+from tidemq.protocol.bodies import MessageQueue
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.headers import GetConsumerListByGroupRequestHeader, PullSysFlag
+
+# The pull group the tool reads dead letters with (never GROUP itself, see the docstring).
+READER_GROUP: Final = "TIDEMQ_CLI_DLQ_READER"
+PRODUCER_GROUP: Final = "TIDEMQ_CLI_DLQ_PRODUCER"
+PULL_BATCH: Final = 32
+BODY_PREVIEW_CHARS: Final = 40
+# Broker bookkeeping a re-sent message must not carry (its retry history, parking, timers).
+_DROPPED_ON_RESEND: Final = frozenset(
+    {
+        pm.KEYS,
+        pm.TAGS,
+        pm.WAIT,
+        pm.DELAY,
+        pm.RETRY_TOPIC,
+        pm.REAL_TOPIC,
+        pm.REAL_QID,
+        pm.TRAN_MSG,
+        pm.PGROUP,
+        pm.MIN_OFFSET,
+        pm.MAX_OFFSET,
+        pm.RECONSUME_TIME,
+        pm.MAX_RECONSUME_TIMES,
+        pm.CONSUME_START_TIME,
+        pm.TRAN_PREPARED_QUEUE_OFFSET,
+        pm.TRANSACTION_CHECK_TIMES,
+        pm.CLUSTER,
+        TIMER_DELIVER_MS,
+        "TIMER_DELAY_SEC",
+        "TIMER_DELAY_MS",
+    }
+)
+
+
+def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
+    dlq: argparse.ArgumentParser = verbs.add_parser("dlq", help="a group's dead letters")
+    actions = dlq.add_subparsers(dest="action", required=True)
+    listing = _common(actions.add_parser("list", help="dead letters of a group"), namesrv_default)
+    listing.add_argument("--limit", type=int, default=100, help="rows shown")
+    listing.set_defaults(run=run_dlq_list)
+    resend = _common(
+        actions.add_parser("resend", help="send dead letters to their original topic again"),
+        namesrv_default,
+    )
+    resend.add_argument("-c", "--count", type=int, default=None, help="at most this many")
+    resend.set_defaults(run=run_dlq_resend)
+
+
+def add_group_actions(group_actions: Any, *, namesrv_default: str) -> None:
+    """`tidemq group reset-offset`, added to cli/admin.py's `group` verb."""
+    reset: argparse.ArgumentParser = group_actions.add_parser(
+        "reset-offset",
+        help="move a stopped group's offsets on a topic (stop the group's consumers first)",
+        description="Store new consumer offsets for GROUP on every queue of TOPIC. Stop the "
+        "group's consumers first: a running consumer overwrites the offsets with its next commit.",
+    )
+    _common(reset, namesrv_default)
+    reset.add_argument("-t", "--topic", required=True)
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-time", type=int, metavar="MS", help="ms since the epoch")
+    to.add_argument("--to-earliest", action="store_true", help="each queue's first offset")
+    to.add_argument("--to-latest", action="store_true", help="each queue's end (skip all)")
+    reset.add_argument("--force", action="store_true", help="even while consumers are online")
+    reset.set_defaults(run=run_group_reset_offset)
+
+
+def _common(parser: argparse.ArgumentParser, namesrv_default: str) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "-n", "--namesrv-addr", default=namesrv_default, help="name servers, ';'-separated"
+    )
+    parser.add_argument("-g", "--group", required=True, help="consumer group")
+    return parser
+
+
+def _table(rows: list[list[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        result: int = asyncio.run(coro)
+    except QueueError as error:
+        print(f"tidemq: {error}", file=sys.stderr)
+        return 1
+    return result
+
+
+# -- dead letters ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    queue: MessageQueue
+    message: MessageExt
+    resent: bool
+
+
+async def _dlq_queues(admin: Admin, group: str) -> list[MessageQueue] | None:
+    """The queues of %DLQ%<group>, or None when the group has never had a dead letter."""
+    topic = pm.dlq_topic(group)
+    try:
+        route = await admin.topic_route(topic)
+    except BrokerError as error:
+        if error.response_code == ResponseCode.TOPIC_NOT_EXIST:
+            return None
+        raise
+    return subscribe_queues(topic, route)
+
+
+async def _read(
+    admin: Admin,
+    group: str,
+    queue: MessageQueue,
+    *,
+    unsent_only: bool,
+    limit: int | None,
+    on_letter: Callable[[DeadLetter], Awaitable[None]],
+) -> None:
+    """Call `on_letter` for each dead letter of `queue` in offset order, up to `limit`."""
+    instance = admin.instance
+    resent_below = max(await api.query_consumer_offset(instance, group, queue), 0)
+    offset = await api.min_offset(instance, queue)
+    if unsent_only:
+        offset = max(offset, resent_below)
+    end = await api.max_offset(instance, queue)
+    count = 0
+    while offset < end and (limit is None or count < limit):
+        result = await api.pull(
+            instance,
+            queue,
+            group=READER_GROUP,
+            expression=pm.SUB_ALL,
+            offset=offset,
+            max_nums=PULL_BATCH,
+            sys_flag=int(PullSysFlag.SUBSCRIPTION),
+            timeout_ms=admin.timeout_ms,
+        )
+        for message in result.messages:
+            if limit is not None and count >= limit:
+                return
+            count += 1
+            await on_letter(DeadLetter(queue, message, message.queue_offset < resent_below))
+        if result.status is not PullStatus.FOUND and result.next_begin_offset <= offset:
+            return  # nothing more readable (a hole the broker will not move us past)
+        offset = max(result.next_begin_offset, offset + len(result.messages))
+
+
+async def _list(args: argparse.Namespace) -> int:
+    async with Admin(args.namesrv_addr) as admin:
+        queues = await _dlq_queues(admin, args.group)
+        if not queues:
+            print(f"no dead letters for group {args.group}")
+            return 0
+        rows = [["QUEUE", "OFFSET", "TOPIC", "RECONSUMED", "STORED", "ORIGIN MSGID", "RESENT"]]
+        rows[0].append("BODY")
+        letters: list[DeadLetter] = []
+
+        async def keep(letter: DeadLetter) -> None:
+            letters.append(letter)
+
+        for queue in queues:
+            remaining = args.limit - len(letters)
+            if remaining <= 0:
+                break
+            await _read(
+                admin, args.group, queue, unsent_only=False, limit=remaining, on_letter=keep
+            )
+    for letter in letters:
+        m = letter.message
+        body = m.body.decode("utf-8", errors="replace")[:BODY_PREVIEW_CHARS]
+        rows.append(
+            [
+                f"{m.broker_name}:{m.queue_id}",
+                str(m.queue_offset),
+                m.properties.get(pm.RETRY_TOPIC, "-"),
+                str(m.reconsume_times),
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.store_timestamp / 1000)),
+                m.properties.get(pm.ORIGIN_MESSAGE_ID) or m.msg_id,
+                "yes" if letter.resent else "no",
+                body.replace("\n", " "),
+            ]
+        )
+    _table(rows)
+    print(f"{len(letters)} dead letter(s) shown")
+    return 0
+
+
+def resend_message(letter: MessageExt) -> Message | None:
+    """The message that re-sends a dead letter to its original topic; None if none recorded."""
+    topic = letter.properties.get(pm.RETRY_TOPIC)
+    if not topic:
+        return None
+    properties = {k: v for k, v in letter.properties.items() if k not in _DROPPED_ON_RESEND}
+    properties.setdefault(pm.UNIQ_KEY, letter.msg_id)
+    properties.setdefault(pm.ORIGIN_MESSAGE_ID, letter.msg_id)
+    return Message(
+        topic,
+        letter.body,
+        tags=letter.tags,
+        keys=letter.keys,
+        properties=properties,
+        flag=letter.flag,
+    )
+
+
+async def _resend(args: argparse.Namespace) -> int:
+    sent = skipped = 0
+    async with (
+        Admin(args.namesrv_addr) as admin,
+        Producer(PRODUCER_GROUP, args.namesrv_addr) as producer,
+    ):
+
+        async def resend(letter: DeadLetter) -> None:
+            nonlocal sent, skipped
+            message = resend_message(letter.message)
+            if message is None:
+                skipped += 1
+                print(f"skipped {letter.message.msg_id}: no original topic", file=sys.stderr)
+            else:
+                result = await producer.send(message)
+                sent += 1
+                print(f"resent {result.msg_id} to {message.topic}")
+            # Commit after each one, so an interrupted resend does not repeat what it sent.
+            done_below = letter.message.queue_offset + 1
+            await api.update_consumer_offset(admin.instance, args.group, letter.queue, done_below)
+
+        for queue in await _dlq_queues(admin, args.group) or []:
+            limit = None if args.count is None else args.count - sent - skipped
+            if limit is not None and limit <= 0:
+                break
+            await _read(admin, args.group, queue, unsent_only=True, limit=limit, on_letter=resend)
+    print(f"{sent} dead letter(s) resent" + (f", {skipped} skipped" if skipped else ""))
+    return 0
+
+
+def run_dlq_list(args: argparse.Namespace) -> int:
+    return _run(_list(args))
+
+
+def run_dlq_resend(args: argparse.Namespace) -> int:
+    return _run(_resend(args))
+
+
+# -- offsets --------------------------------------------------------------------------------
+
+
+async def _online(admin: Admin, group: str, addrs: list[str]) -> bool:
+    header = GetConsumerListByGroupRequestHeader(consumer_group=group)
+    for addr in addrs:
+        cmd = RemotingCommand(
+            code=RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields=header.to_fields()
+        )
+        response = await admin.instance.remoting.invoke(addr, cmd, admin.timeout_ms)
+        if response.code == ResponseCode.SUCCESS:  # a group without members is an error answer
+            return True
+    return False
+
+
+async def _reset(args: argparse.Namespace) -> int:
+    async with Admin(args.namesrv_addr) as admin:
+        route = await admin.topic_route(args.topic)
+        if not args.force and await _online(
+            admin, args.group, sorted(master_addresses(route).values())
+        ):
+            print(
+                f"tidemq: group {args.group} has consumers online; stop them first "
+                "(or --force: they will overwrite the new offsets)",
+                file=sys.stderr,
+            )
+            return 1
+        rows = [["BROKER", "QUEUE", "OLD", "NEW"]]
+        instance = admin.instance
+        for queue in subscribe_queues(args.topic, route):
+            if args.to_earliest:
+                offset = await api.min_offset(instance, queue)
+            elif args.to_latest:
+                offset = await api.max_offset(instance, queue)
+            else:
+                offset = await api.search_offset(instance, queue, args.to_time)
+            old = await api.query_consumer_offset(instance, args.group, queue)
+            await api.update_consumer_offset(instance, args.group, queue, offset)
+            rows.append([queue.broker_name, str(queue.queue_id), str(old), str(offset)])
+    _table(rows)
+    return 0
+
+
+def run_group_reset_offset(args: argparse.Namespace) -> int:
+    return _run(_reset(args))
