@@ -64,3 +64,50 @@ def test_a_listener_that_fails_once_gets_each_message_again(
         assert event["reconsume_times"] == 1
         assert event["topic"] == topic  # the C++ client restores the original topic
         assert event["retry_topic"] == topic
+
+
+def test_orderly_listener_keeps_order_per_sharding_key_across_a_consumer_restart(
+    tidemq: Any, cpp: Any, unique_name: Callable[[str], str]
+) -> None:
+    """Keys stay on their queue and in order before and after an orderly consumer restarts."""
+    topic = unique_name("CppOrderlyRestart")
+    group = unique_name("ORG")
+    keys = range(QUEUES)
+    producer = cpp.producer()
+    first = [(key, seq) for seq in range(4) for key in keys]
+    for key, seq in first:
+        producer.send(topic, f"key-{key}-{seq}", mode="orderly", arg=key)
+
+    consumer = cpp.push(group, topic, orderly=True)
+    consumer.wait_for(
+        _received_bodies({f"key-{k}-{s}" for k, s in first}), RETRY_TIMEOUT_S, "first half"
+    )
+    consumer.stop()  # Commits offsets and unlocks its queues.
+
+    second = [(key, seq) for seq in range(4, 8) for key in keys]
+    for key, seq in second:
+        producer.send(topic, f"key-{key}-{seq}", mode="orderly", arg=key)
+    producer.stop()
+    restarted = cpp.push(group, topic, orderly=True)
+    restarted.wait_for(
+        _received_bodies({f"key-{k}-{s}" for k, s in second}), RETRY_TIMEOUT_S, "second half"
+    )
+    restarted.stop()
+
+    per_key: dict[int, list[int]] = {key: [] for key in keys}
+    queue_of_key: dict[int, set[int]] = {key: set() for key in keys}
+    for events in (consumer.received(), restarted.received()):
+        for event in events:
+            _, key, seq = event["body"].split("-")
+            per_key[int(key)].append(int(seq))
+            queue_of_key[int(key)].add(event["queue_id"])
+    # Each key on one queue, its messages once each and in send order across the restart.
+    assert all(len(queues) == 1 for queues in queue_of_key.values()), queue_of_key
+    assert all(seqs == list(range(8)) for seqs in per_key.values()), per_key
+
+
+def _received_bodies(names: set[str]) -> Callable[[list[Event]], bool]:
+    def check(events: list[Event]) -> bool:
+        return names <= {e["body"] for e in events if e["event"] == "received"}
+
+    return check
