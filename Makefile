@@ -48,8 +48,8 @@ check: lint typecheck
 	$(VENV)/bin/lint-imports --no-cache
 
 lint: $(TEST_STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
 
 typecheck: $(TEST_STAMP)
 	$(VENV)/bin/mypy
