@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.test-installed
 JS_DIR := tests/compat/js
 JS_STAMP := $(JS_DIR)/node_modules/.installed
 
-.PHONY: run test check lint typecheck unit bench clean java
+.PHONY: run test check lint typecheck unit bench bench-deps clean java
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,8 +57,24 @@ typecheck: $(TEST_STAMP)
 unit: $(TEST_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not compat and not integration and not spark"
 
-bench: $(RUN_STAMP)
-	$(PY) benchmarks/bench_produce_consume.py
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.[bench]'
+	touch $@ $(RUN_STAMP)
+
+## bench-deps: the peer brokers (Debian packages) and their Python clients, for `make bench`
+bench-deps: $(BENCH_STAMP)
+	@command -v redis-server >/dev/null && command -v nats-server >/dev/null \
+		&& command -v rabbitmq-server >/dev/null || { \
+		command -v apt-get >/dev/null || { echo "install redis-server nats-server rabbitmq-server"; exit 1; }; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q \
+			redis-server redis-tools nats-server rabbitmq-server; }
+
+## bench: TideMQ side by side with Redis, NATS and RabbitMQ (~15 min); appends benchmarks/RESULTS.md
+bench: bench-deps
+	$(PY) benchmarks/run_suite.py --runs $(or $(RUNS),3)
 
 clean:
 	rm -rf $(VENV) $(JS_DIR)/node_modules .mypy_cache .ruff_cache

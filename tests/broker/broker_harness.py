@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from tidemq.protocol.headers import (
 from tidemq.protocol.message import encode_properties
 from tidemq.protocol.record import StoredMessage, decode_records
 from tidemq.remoting.client import RemotingClient
+from tidemq.testing import eventually as testing_eventually
 
 # Tiny files so tests cross segment rollovers; no name server.
 SMALL_STORE: Mapping[str, str] = {
@@ -123,7 +123,5 @@ async def running_broker(root: Path, **settings: str) -> AsyncIterator[Harness]:
 
 
 async def eventually(predicate: Callable[[], bool], timeout_s: float = 2.0) -> None:
-    """Wait until `predicate()` holds (polled: the state lives in another part's task)."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():  # noqa: ASYNC110 - no event to await for these conditions
-            await asyncio.sleep(0.005)
+    """The shared helper with this suite's shorter default timeout."""
+    await testing_eventually(predicate, timeout_s)

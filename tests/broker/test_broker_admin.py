@@ -77,6 +77,10 @@ async def test_consume_stats_and_all_offsets(broker: Harness) -> None:
     assert (q0.broker_offset, q0.consumer_offset) == (2, 1)
     offsets = orjson.loads((await _admin(broker, RequestCode.GET_ALL_CONSUMER_OFFSET)).body)
     assert offsets["offsetTable"]["TopicCS@CG"] == {"0": 1}
+    bad = GetConsumeStatsRequestHeader(consumer_group="C@G", topic="TopicCS").to_fields()
+    assert (await _admin(broker, RequestCode.GET_CONSUME_STATS, bad)).code == (
+        ResponseCode.SYSTEM_ERROR
+    )
 
 
 async def test_broker_config_and_runtime_info(broker: Harness) -> None:

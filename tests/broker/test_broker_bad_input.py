@@ -79,6 +79,20 @@ async def test_missing_header_field_is_system_error(broker: Harness) -> None:
     assert "producerGroup" in (response.remark or "")
 
 
+async def test_malformed_pull_header_still_carries_the_pull_fields(broker: Harness) -> None:
+    cmd = RemotingCommand(code=RequestCode.PULL_MESSAGE, ext_fields={"topic": "T", "queueId": "x"})
+    response = await broker.call(cmd)
+    assert response.code == ResponseCode.SYSTEM_ERROR
+    assert {
+        k: response.ext_fields.get(k) for k in ("nextBeginOffset", "minOffset", "maxOffset")
+    } == {
+        "nextBeginOffset": "0",
+        "minOffset": "0",
+        "maxOffset": "0",
+    }
+    assert "suggestWhichBrokerId" in response.ext_fields
+
+
 @pytest.mark.parametrize("props", [{"DELAY": "x3"}, {"TIMER_DELIVER_MS": "soon"}])
 async def test_malformed_delay_is_stored_undelayed_or_refused(
     broker: Harness, props: dict[str, str]

@@ -6,7 +6,12 @@ from typing import Any
 
 from broker_harness import Harness, eventually, messages
 
-from tidemq.broker.clients import ClientChannel, ClientRegistry, QueueLockTable
+from tidemq.broker.clients import (
+    QUEUE_LOCKS_MAX,
+    ClientChannel,
+    ClientRegistry,
+    QueueLockTable,
+)
 from tidemq.clock import FakeClock
 from tidemq.protocol.bodies import (
     LockBatchRequestBody,
@@ -178,3 +183,46 @@ async def test_lock_batch_over_the_wire(broker: Harness) -> None:
     )
     assert response.code == ResponseCode.SUCCESS
     assert broker.app.locks.holder("G", q0) is None
+
+
+def test_queue_locks_are_bounded_and_swept() -> None:
+    clock = FakeClock()
+    locks = QueueLockTable(clock, expiry_ms=1_000, locks_max=3)
+    queues = [MessageQueue("T", "broker-a", i) for i in range(5)]
+    assert locks.lock_batch("G", queues, "A") == set(queues[:3])
+    assert locks.count == 3
+    assert locks.refused == 2
+    assert locks.lock_batch("G", queues[:3], "A") == set(queues[:3])  # renewals still work
+    clock.advance(1_001)
+    assert locks.sweep() == 3
+    assert locks.count == 0
+    assert locks.holder("G", queues[0]) is None
+    # A full table sweeps expired locks before refusing a new one.
+    assert locks.lock_batch("G", queues[:3], "A") == set(queues[:3])
+    clock.advance(1_001)
+    assert locks.lock_batch("G2", [queues[4]], "B") == {queues[4]}
+    assert locks.count == 1
+    assert QUEUE_LOCKS_MAX == 100_000
+
+
+async def test_locks_go_with_their_connection_and_names_are_checked(broker: Harness) -> None:
+    q0 = MessageQueue("T", "broker-a", 0)
+    other = RemotingClient()
+    body = LockBatchRequestBody(consumer_group="G", client_id="A", mq_set=frozenset({q0}))
+    response = await Harness(broker.app, other).call(
+        RemotingCommand(code=RequestCode.LOCK_BATCH_MQ, body=body.to_json())
+    )
+    assert LockBatchResponseBody.from_json(response.body).lock_ok_mq_set == {q0}
+    assert broker.app.locks.holder("G", q0) == "A"
+    await other.close()
+    await eventually(lambda: broker.app.locks.count == 0)
+    assert broker.app.locks.holder("G", q0) is None
+    for group, topic in (("G@x", "T"), ("G", "T T")):
+        bad = LockBatchRequestBody(
+            consumer_group=group, client_id="A", mq_set=frozenset({MessageQueue(topic, "b", 0)})
+        )
+        response = await broker.call(
+            RemotingCommand(code=RequestCode.LOCK_BATCH_MQ, body=bad.to_json())
+        )
+        assert response.code == ResponseCode.SYSTEM_ERROR
+    assert broker.app.locks.count == 0

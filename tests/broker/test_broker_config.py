@@ -146,3 +146,17 @@ def test_properties_syntax() -> None:
 def test_example_conf_is_current() -> None:
     example = Path(__file__).parents[2] / "conf" / "broker.example.conf"
     assert example.read_text() == example_config(), "regenerate with example_config()"
+
+
+def test_corrupt_policy_maps_to_the_store(tmp_path: Path) -> None:
+    from tidemq.broker.app import BrokerApp
+    from tidemq.clock import FakeClock
+    from tidemq.store import CorruptPolicy
+
+    with pytest.raises(ConfigError, match="corruptPolicy"):
+        load_broker_config(None, {}, {"corruptPolicy": "truncate"})
+    config = load_broker_config(
+        None, {}, {"corruptPolicy": "quarantine", "storePathRootDir": str(tmp_path)}
+    )
+    app = BrokerApp(config, FakeClock())
+    assert app.store.config.corrupt_policy is CorruptPolicy.QUARANTINE

@@ -6,11 +6,14 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from broker_harness import Harness, eventually, messages, running_broker
 
+from tidemq.broker.pull_hold import PULL_SUSPEND_MS_MAX, PullHoldService
 from tidemq.protocol.codes import ResponseCode
 from tidemq.protocol.headers import PullSysFlag
 from tidemq.remoting.client import RemotingClient
+from tidemq.store.types import DispatchEvent
 
 HOLD = PullSysFlag.SUBSCRIPTION | PullSysFlag.SUSPEND
 
@@ -86,11 +89,21 @@ async def test_short_polling_holds_without_waking(tmp_path: Path) -> None:
         pull = asyncio.create_task(
             broker.pull("TopicP", offset=1, sys_flag=HOLD, suspend_ms=20_000)
         )
-        await asyncio.sleep(0.05)
+        await _wait_held(broker)
         await broker.send("TopicP", b"y")
         response = await asyncio.wait_for(pull, 3)
         assert time.monotonic() - started >= 0.25
         assert [m.body for m in messages(response)] == [b"y"]
+
+
+async def test_suspend_timeout_is_clamped() -> None:
+    assert PullHoldService(long_polling=True)._suspend_ms_max == PULL_SUSPEND_MS_MAX == 30_000
+    hold = PullHoldService(long_polling=True, suspend_ms_max=50)
+    hold.start()
+    # Asked for 10**12 ms (about 31 years), the hold ends after the maximum.
+    woken = await asyncio.wait_for(hold.hold("T", 0, 0, 10**12, lambda event: True), 2)
+    assert woken is False
+    assert hold.held_count == 0
 
 
 async def test_client_vanishing_during_a_held_pull(broker: Harness) -> None:
@@ -104,7 +117,39 @@ async def test_client_vanishing_during_a_held_pull(broker: Harness) -> None:
     await _wait_held(broker)
     await other.close()
     assert isinstance((await asyncio.gather(pull, return_exceptions=True))[0], Exception)
-    # The broker still serves, and the abandoned hold is released by the next arrival.
-    assert (await broker.send("TopicV", b"y")).code == ResponseCode.SUCCESS
+    # The abandoned hold is released when its connection closes, with no arrival needed.
     await eventually(lambda: broker.app.pull_hold.held_count == 0)
+    assert (await broker.send("TopicV", b"y")).code == ResponseCode.SUCCESS
     assert [m.body for m in messages(await broker.pull("TopicV"))] == [b"x", b"y"]
+
+
+async def test_a_filter_that_raises_wakes_the_pull_and_a_bug_propagates() -> None:
+    hold = PullHoldService(long_polling=True)
+    hold.start()
+    event = DispatchEvent(
+        topic="T",
+        queue_id=0,
+        queue_offset=0,
+        physical_offset=0,
+        size=1,
+        tags_code=0,
+        store_timestamp=0,
+        properties={},
+    )
+
+    def bad_value(_event: DispatchEvent) -> bool:
+        raise ValueError("cannot compare")
+
+    waiting = asyncio.create_task(hold.hold("T", 0, 0, 5_000, bad_value))
+    await eventually(lambda: hold.held_count == 1)
+    hold.on_dispatch(event)
+    assert await asyncio.wait_for(waiting, 2) is True
+
+    def bug(_event: DispatchEvent) -> bool:
+        raise KeyError("a programming error")
+
+    waiting = asyncio.create_task(hold.hold("T", 0, 0, 5_000, bug))
+    await eventually(lambda: hold.held_count == 1)
+    with pytest.raises(KeyError):
+        hold.on_dispatch(event)
+    waiting.cancel()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +14,9 @@ from tidemq.cli.main import main as cli_main
 from tidemq.client import api
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
-from tidemq.testing import LocalCluster, local_cluster
+from tidemq.testing import LocalCluster, eventually, local_cluster
 
 FIRST = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110 - state changed by client tasks, bounded
-            await asyncio.sleep(0.02)
 
 
 def now_ms() -> int:
@@ -62,7 +56,7 @@ async def test_dead_letters_are_listed_and_resent_once(
     await consumer.start()
     store = cluster.brokers[0].store
     try:
-        await until(lambda: store.max_offset(pm.dlq_topic("CG-cli"), 0) == 3)
+        await eventually(lambda: store.max_offset(pm.dlq_topic("CG-cli"), 0) == 3)
     finally:
         await consumer.shutdown()
     capsys.readouterr()
@@ -89,7 +83,7 @@ async def test_dead_letters_are_listed_and_resent_once(
     reader.register_listener(got.extend)
     await reader.start()
     try:
-        await until(lambda: len(got) == 6)
+        await eventually(lambda: len(got) == 6)
     finally:
         await reader.shutdown()
     resent = sorted((m for m in got if pm.ORIGIN_MESSAGE_ID in m.properties), key=lambda m: m.body)
@@ -120,7 +114,7 @@ async def test_reset_offset_to_earliest_latest_and_time(
                 await producer.send(Message("Ledger", b"before-%d" % n))
             # SEARCH_OFFSET answers the nearest message: keep the first batch 50 ms away.
             since = now_ms() + 50
-            await until(lambda: now_ms() >= since)
+            await eventually(lambda: now_ms() >= since)
             for n in range(5):
                 await producer.send(Message("Ledger", b"after-%d" % n))
         await admin.topic_route("Ledger")  # so the test's own instance knows the broker

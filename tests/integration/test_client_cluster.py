@@ -23,6 +23,7 @@ from tidemq import (
     PushConsumer,
     SendStatus,
 )
+from tidemq.testing import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +92,8 @@ async def test_pull_consumer_offsets_and_long_poll(cluster):
             waiting = asyncio.create_task(
                 consumer.pull_block_if_not_found(mq, "*", 3, 32, suspend_ms=5_000)
             )
-            await asyncio.sleep(0.2)
+            hold = cluster.brokers[0].pull_hold
+            await eventually(lambda: hold.held_count == 1)
             assert not waiting.done()
             await producer.send(Message("PullTopic", b"3"), queue=mq)
             result = await asyncio.wait_for(waiting, 5)

@@ -7,28 +7,21 @@ has removed the queue's head. So the topic here loses its first segments before 
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tidemq import Admin, ConsumeFromWhere, Message, MessageExt, Producer, PushConsumer
 from tidemq.client.message import TIMER_DELIVER_MS
-from tidemq.testing import LocalCluster, local_cluster
+from tidemq.testing import LocalCluster, eventually, local_cluster
 
 pytestmark = pytest.mark.integration
 
 HOURS_MS = 3_600_000
 TOPIC = "CfwTopic"
 OLD, MID, LATE = 40, 5, 5
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110 - state changed by client tasks, bounded
-            await asyncio.sleep(0.02)
 
 
 def now_ms() -> int:
@@ -65,7 +58,7 @@ async def pump_until_new_arrives(producer: Producer, got: list[bytes]) -> None:
     for k in range(50):
         await producer.send(Message(TOPIC, b"new-%d" % k))
         try:
-            await until(has_new, 0.2)
+            await eventually(has_new, 0.2)
             return
         except TimeoutError:
             continue
@@ -87,7 +80,7 @@ async def test_new_groups_start_where_they_ask(cluster: LocalCluster) -> None:
         # SEARCH_OFFSET answers the message stored nearest the time (as RocketMQ 4.x does): the
         # late ones are stored right at `since`, the mid ones at least 50 ms before it.
         since = now_ms() + 50
-        await until(lambda: now_ms() >= since)
+        await eventually(lambda: now_ms() >= since)
         for n in range(LATE):
             await producer.send(Message(TOPIC, b"late-%d" % n))
 
@@ -134,7 +127,7 @@ async def test_a_new_group_on_a_young_queue_reads_it_all(cluster: LocalCluster) 
             cluster, "CG-young", ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
         )
         try:
-            await until(lambda: len(got) == 3)
+            await eventually(lambda: len(got) == 3)
         finally:
             await consumer.shutdown()
     assert sorted(got) == [b"old-0", b"old-1", b"old-2"]
@@ -156,7 +149,7 @@ async def test_deliver_time_holds_a_message_back_until_then(cluster: LocalCluste
             due = now_ms() + 600
             await producer.send(Message("TimerTopic", b"later", deliver_time_ms=due))
             await producer.send(Message("TimerTopic", b"now"))
-        await until(lambda: len(got) == 2)
+        await eventually(lambda: len(got) == 2)
     finally:
         await consumer.shutdown()
     assert [m.body for m, _ in got] == [b"now", b"later"]

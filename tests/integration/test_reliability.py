@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tidemq import ConsumeFromWhere, Message, MessageExt, Producer, PushConsumer
-from tidemq.testing import LocalCluster, local_cluster
+from tidemq.testing import LocalCluster, eventually, local_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -23,12 +22,6 @@ FAST_LEVELS = "100ms 200ms 300ms 400ms 500ms 600ms"
 async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     async with local_cluster(tmp_path, broker_settings={"messageDelayLevel": FAST_LEVELS}) as c:
         yield c
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110 - state changed by client tasks, bounded
-            await asyncio.sleep(0.02)
 
 
 async def test_a_listener_that_fails_once_gets_each_message_again(cluster: LocalCluster) -> None:
@@ -48,7 +41,7 @@ async def test_a_listener_that_fails_once_gets_each_message_again(cluster: Local
     consumer.register_listener(listener)
     await consumer.start()
     try:
-        await until(lambda: sum(m.reconsume_times == 1 for m in seen) == 5)
+        await eventually(lambda: sum(m.reconsume_times == 1 for m in seen) == 5)
     finally:
         await consumer.shutdown()
     retried = [m for m in seen if m.reconsume_times == 1]
@@ -73,7 +66,7 @@ async def test_exhausted_retries_land_in_the_dlq(cluster: LocalCluster) -> None:
     await consumer.start()
     store = cluster.brokers[0].store
     try:
-        await until(lambda: store.max_offset("%DLQ%CG-dlq", 0) == 1)
+        await eventually(lambda: store.max_offset("%DLQ%CG-dlq", 0) == 1)
     finally:
         await consumer.shutdown()
     assert attempts[:3] == [0, 1, 2]
@@ -92,7 +85,7 @@ async def test_producer_delay_level_is_honoured(cluster: LocalCluster) -> None:
             sent = time.monotonic()
             await producer.send(Message("DelayTopic", b"late", delay_level=5))
             await producer.send(Message("DelayTopic", b"now"))
-        await until(lambda: len(got) == 2)
+        await eventually(lambda: len(got) == 2)
     finally:
         await consumer.shutdown()
     assert [body for body, _ in got] == [b"now", b"late"]

@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from tidemq.protocol.frame import FLAG_ONEWAY, RemotingCommand
 from tidemq.remoting.client import RemotingClient
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
-from tidemq.testing import local_cluster
+from tidemq.testing import eventually, local_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -52,12 +52,6 @@ TOPIC = "TxTopic"
 async def cluster(tmp_path: Path) -> AsyncIterator[Any]:
     async with local_cluster(tmp_path, broker_settings=SETTINGS) as running:
         yield running
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110 - changed by broker and client tasks, bounded
-            await asyncio.sleep(0.02)
 
 
 class Listener:
@@ -111,7 +105,7 @@ async def test_commit(cluster: Any) -> None:
     assert executed.properties[pm.TRAN_MSG] == "true"
     assert executed.properties[pm.UNIQ_KEY] == result.msg_id
     broker = cluster.brokers[0]
-    await until(lambda: len(real_messages(broker)) == 1)
+    await eventually(lambda: len(real_messages(broker)) == 1)
     (real,) = real_messages(broker)
     assert real.body == b"c"
     assert real.property_map()[pm.UNIQ_KEY] == result.msg_id
@@ -124,7 +118,7 @@ async def test_rollback(cluster: Any) -> None:
     async with producer(cluster, Listener(ROLLBACK)) as p:
         result = await p.send_message_in_transaction(Message(TOPIC, b"r"))
     broker = cluster.brokers[0]
-    await until(lambda: stats(broker)["rolled_back"] == 1)
+    await eventually(lambda: stats(broker)["rolled_back"] == 1)
     assert result.local_transaction_state is ROLLBACK
     assert real_messages(broker) == []
 
@@ -134,7 +128,7 @@ async def test_unknown_then_check_then_commit(cluster: Any) -> None:
     async with producer(cluster, listener) as p:
         result = await p.send_message_in_transaction(Message(TOPIC, b"u"))
         broker = cluster.brokers[0]
-        await until(lambda: len(real_messages(broker)) == 1)
+        await eventually(lambda: len(real_messages(broker)) == 1)
     assert result.local_transaction_state is UNKNOW
     assert len(listener.checked) == 2
     assert [m.properties[pm.TRANSACTION_CHECK_TIMES] for m in listener.checked] == ["1", "2"]
@@ -148,7 +142,7 @@ async def test_unknown_then_check_then_rollback(cluster: Any) -> None:
     async with producer(cluster, listener) as p:
         result = await p.send_message_in_transaction(Message(TOPIC, b"u"))
         broker = cluster.brokers[0]
-        await until(lambda: stats(broker)["rolled_back"] == 1)
+        await eventually(lambda: stats(broker)["rolled_back"] == 1)
     assert result.local_transaction_state is UNKNOW
     assert real_messages(broker) == []
     assert broker.transactions.ledger.in_flight == 0
@@ -158,7 +152,7 @@ async def test_listener_exception_is_unknow_and_checked(cluster: Any) -> None:
     listener = Listener(RuntimeError("db down"), COMMIT)
     async with producer(cluster, listener) as p:
         result = await p.send_message_in_transaction(Message(TOPIC, b"e"))
-        await until(lambda: len(real_messages(cluster.brokers[0])) == 1)
+        await eventually(lambda: len(real_messages(cluster.brokers[0])) == 1)
     assert result.local_transaction_state is UNKNOW
 
 
@@ -167,7 +161,7 @@ async def test_repeated_unknown_is_discarded_after_check_max(cluster: Any) -> No
     broker = cluster.brokers[0]
     async with producer(cluster, listener) as p:
         await p.send_message_in_transaction(Message(TOPIC, b"d"))
-        await until(lambda: stats(broker)["discarded"] == 1)
+        await eventually(lambda: stats(broker)["discarded"] == 1)
     counts = [m.properties[pm.TRANSACTION_CHECK_TIMES] for m in listener.checked]
     assert counts == [str(i) for i in range(1, CHECK_MAX + 1)]
     assert real_messages(broker) == []
@@ -180,7 +174,7 @@ async def test_immunity_time_delays_the_first_check(cluster: Any) -> None:
         sent = time.monotonic()
         message = Message(TOPIC, b"i", properties={pm.CHECK_IMMUNITY_TIME_IN_SECONDS: "1"})
         await p.send_message_in_transaction(message)
-        await until(lambda: len(real_messages(cluster.brokers[0])) == 1)
+        await eventually(lambda: len(real_messages(cluster.brokers[0])) == 1)
     assert listener.check_times[0] - sent >= 0.95  # not at transactionTimeOut (0.3 s)
 
 
@@ -198,7 +192,7 @@ async def test_lost_end_transaction_is_settled_by_the_check(cluster: Any) -> Non
 
         p._end_oneway = lossy  # type: ignore[method-assign]
         await p.send_message_in_transaction(Message(TOPIC, b"l"))
-        await until(lambda: len(real_messages(cluster.brokers[0])) == 1)
+        await eventually(lambda: len(real_messages(cluster.brokers[0])) == 1)
     assert dropped == [pm.SysFlag.COMMIT]
     assert len(listener.checked) == 1
 
@@ -211,10 +205,10 @@ async def test_crashed_producer_is_replaced_by_another_of_the_group(cluster: Any
         await first.start()
         await first.send_message_in_transaction(Message(TOPIC, b"x"))
         await survivor.publish_info(TOPIC)  # learns the broker, so it heartbeats there
-        await until(lambda: len(broker.clients.producer_channels(GROUP)) == 2)
+        await eventually(lambda: len(broker.clients.producer_channels(GROUP)) == 2)
         # A crash: the sockets close, nobody unregisters.
         await first.instance.remoting.close()
-        await until(lambda: len(real_messages(broker)) == 1)
+        await eventually(lambda: len(real_messages(broker)) == 1)
         with contextlib.suppress(Exception):
             await first.shutdown()
     assert len(other_listener.checked) >= 1
@@ -225,7 +219,7 @@ async def test_no_live_producer_then_discarded(cluster: Any) -> None:
     broker = cluster.brokers[0]
     async with producer(cluster, Listener(UNKNOW)) as p:
         await p.send_message_in_transaction(Message(TOPIC, b"n"))
-    await until(lambda: stats(broker)["discarded"] == 1)
+    await eventually(lambda: stats(broker)["discarded"] == 1)
     assert stats(broker)["check_no_producer"] == CHECK_MAX
     assert stats(broker)["checked"] == 0
 
@@ -259,7 +253,7 @@ async def test_double_commit_stores_once_and_commit_after_rollback_is_refused(
             rolled = await p.send_half(Message(TOPIC, b"never"))
             await p.end_transaction(committed, COMMIT)
             await p.end_transaction(rolled, ROLLBACK)
-            await until(lambda: stats(broker)["rolled_back"] == 1)
+            await eventually(lambda: stats(broker)["rolled_back"] == 1)
             again = await end_raw(client, broker.address, committed, pm.SysFlag.COMMIT)
             assert again.code == ResponseCode.SUCCESS
             late = await end_raw(client, broker.address, rolled, pm.SysFlag.COMMIT)
@@ -281,12 +275,12 @@ async def test_broker_restart_with_halves_in_flight(cluster: Any) -> None:
     async with producer(cluster, listener) as p:
         for i in range(3):
             await p.send_message_in_transaction(Message(TOPIC, b"h%d" % i))
-        await until(lambda: len(listener.checked) >= 1)
+        await eventually(lambda: len(listener.checked) >= 1)
         broker = await cluster.restart_broker(0, **SETTINGS)
         assert broker.transactions.ledger.in_flight == 3
         listener.checks = [COMMIT]
         await p.instance.heartbeat()  # re-register with the new broker process at once
-        await until(lambda: len(real_messages(broker)) == 3)
+        await eventually(lambda: len(real_messages(broker)) == 3)
     assert sorted(m.body for m in real_messages(broker)) == [b"h0", b"h1", b"h2"]
     assert broker.transactions.ledger.in_flight == 0
 
@@ -304,7 +298,7 @@ async def test_flush_timeout_status_means_rollback_without_the_listener(cluster:
         result = await p.send_message_in_transaction(Message(TOPIC, b"f"))
     assert result.local_transaction_state is ROLLBACK
     assert listener.executed == []
-    await until(lambda: stats(cluster.brokers[0])["rolled_back"] == 1)
+    await eventually(lambda: stats(cluster.brokers[0])["rolled_back"] == 1)
 
 
 async def test_failed_half_send_is_rollback_without_the_listener(cluster: Any) -> None:
@@ -340,7 +334,7 @@ async def test_blocking_producer_runs_the_listener_in_the_calling_thread(cluster
 
     assert await asyncio.to_thread(run) is COMMIT
     assert threads[0] == threads[1]
-    await until(lambda: len(real_messages(cluster.brokers[0])) == 1)
+    await eventually(lambda: len(real_messages(cluster.brokers[0])) == 1)
 
 
 async def test_tx_list_and_stats_cli(cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -420,7 +414,7 @@ async def test_raw_frames_of_the_flow_use_the_spec_field_names(cluster: Any) -> 
             code=RequestCode.END_TRANSACTION, ext_fields=end_fields, language="JAVA"
         )
         await client.invoke_oneway(addr, end)
-        await until(lambda: len(real_messages(broker)) == 1)
+        await eventually(lambda: len(real_messages(broker)) == 1)
         (real,) = real_messages(broker)
         assert real.body == b"raw"
         assert pm.SysFlag.transaction_type(real.sys_flag) == pm.SysFlag.COMMIT

@@ -95,3 +95,15 @@ def test_sink_options() -> None:
     assert parse_sink_options(NS).exactly_once
     with pytest.raises(ValueError, match="sendBatchSize"):
         parse_sink_options({**NS, "sendBatchSize": "100000"})
+
+
+def test_sink_id_option_prefixes_the_query_id() -> None:
+    from tidemq.spark.exactly_once import sink_id_of
+
+    parsed = parse_sink_options({**NS, "sinkId": "orders"})
+    assert parsed.sink_id == "orders"
+    assert sink_id_of(parsed, "q-uuid", "job") == "orders:q-uuid"
+    assert sink_id_of(parse_sink_options(NS), None, "job") == "job"
+    for bad in ("a/b", "a:b"):
+        with pytest.raises(ValueError, match="sinkId"):
+            parse_sink_options({**NS, "sinkId": bad})

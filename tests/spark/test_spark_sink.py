@@ -107,8 +107,8 @@ def test_sink_refusals(spark: Any, cluster: ThreadedCluster) -> None:
 
     with pytest.raises(Exception, match="overwrite"):
         writer(topic="T", exactlyOnce="false").mode("overwrite").save()
-    with pytest.raises(Exception, match="exactlyOnce=false"):
-        writer(topic="T").mode("append").save()
+    with pytest.raises(Exception, match="sinkId"):
+        writer(topic="T", sinkId="a/b").mode("append").save()
     with pytest.raises(Exception, match="topic option or a topic column"):
         writer(exactlyOnce="false").mode("append").save()
     no_body = spark.createDataFrame([("x",)], "value string")

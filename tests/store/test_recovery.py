@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from store_helpers import SEGMENT_BYTES, Opener, bodies, fill, message
 
+from tidemq.errors import StoreError
 from tidemq.protocol.record import decode_record
-from tidemq.store import GetStatus
+from tidemq.store import CorruptPolicy, GetStatus
 from tidemq.store.tools import verify
 
 N = 40  # records: several segments of 4 KiB, several 16-entry CQ files
@@ -112,25 +113,83 @@ def test_flipped_bit_in_last_record_drops_it(
         shutil.rmtree(target)
 
 
-def test_flipped_bit_in_middle_record_drops_it_and_everything_after(
+def _middle_victim(opener: Opener, base: Path) -> int:
+    probe = opener.open(base)
+    victim = probe.get_messages("T", 0, 5, 1).records[0]
+    probe.shutdown()
+    opener.opened.remove(probe)
+    return decode_record(victim).physical_offset
+
+
+def test_flipped_bit_in_middle_record_refuses_to_start(
     opener: Opener, crashed_base: tuple[Path, int, int]
 ) -> None:
     base, _last_offset, _size = crashed_base
-    probe = opener.open(base)
-    victim = probe.get_messages("T", 0, 5, 1).records[0]
-    victim_offset = decode_record(victim).physical_offset
-    probe.shutdown()
-    opener.opened.remove(probe)
+    victim_offset = _middle_victim(opener, base)
     (base / "checkpoint").unlink()  # force the scan through the whole log
     (base / "abort").touch()
     _damage(base, victim_offset, flip=100 * 8 + 3)  # a body byte
-    store = opener.open(base)
+    before = sorted(p.name for p in (base / "commitlog").iterdir())
+    with pytest.raises(StoreError, match=rf"corrupt at offset {victim_offset}.*store verify"):
+        opener.open(base)
+    # Nothing was cut or deleted.
+    assert sorted(p.name for p in (base / "commitlog").iterdir()) == before
+    assert not verify(base).ok
+
+
+def test_flipped_bit_in_middle_record_quarantines_with_the_policy(
+    opener: Opener, crashed_base: tuple[Path, int, int]
+) -> None:
+    base, _last_offset, _size = crashed_base
+    victim_offset = _middle_victim(opener, base)
+    (base / "checkpoint").unlink()
+    (base / "abort").touch()
+    _damage(base, victim_offset, flip=100 * 8 + 3)
+    segments = {p.name: p.read_bytes() for p in (base / "commitlog").iterdir()}
+    store = opener.open(base, corrupt_policy=CorruptPolicy.QUARANTINE)
     assert store.last_recovery is not None
     assert store.last_recovery.log_end_offset == victim_offset
     assert bodies(store) == [message(i).body for i in range(5)]
     assert store.max_physical_offset == victim_offset
     assert len(list((base / "commitlog").iterdir())) == 1 + victim_offset // SEGMENT_BYTES
+    # Every affected segment survives byte for byte in quarantine/.
+    quarantined = {p.name: p.read_bytes() for p in (base / "quarantine").iterdir()}
+    damaged = victim_offset - victim_offset % SEGMENT_BYTES
+    assert quarantined == {n: b for n, b in segments.items() if int(n) >= damaged}
+    store.shutdown()
+    opener.opened.remove(store)
     assert verify(base).ok
+
+
+def test_flipped_bit_after_clean_stop_refuses_instead_of_truncating(opener: Opener) -> None:
+    store = opener.open()
+    offsets = fill(store, N)
+    store.shutdown()
+    root = store.config.root_dir
+    # A record in the last segment, scanned at start, durable (below the flushed offset).
+    victim = next(o for o in offsets if o >= offsets[-1] - offsets[-1] % SEGMENT_BYTES)
+    _damage(root, victim, flip=90 * 8 + 1)
+    with pytest.raises(StoreError, match="below the flushed offset"):
+        opener.open(root)
+    assert (root / "commitlog" / f"{victim - victim % SEGMENT_BYTES:020d}").stat().st_size
+
+
+def test_bad_record_followed_by_a_valid_one_is_not_a_torn_tail(
+    opener: Opener, crashed_base: tuple[Path, int, int]
+) -> None:
+    base, last_offset, _size = crashed_base
+    # The one before the last: beyond the flushed offset, but a valid record follows.
+    checkpoint = (base / "checkpoint").read_bytes()
+    probe = opener.open(base)
+    before_last = decode_record(probe.get_messages("T", 0, N - 2, 1).records[0]).physical_offset
+    probe.shutdown()
+    opener.opened.remove(probe)
+    (base / "checkpoint").write_bytes(checkpoint)  # as the crash left it
+    (base / "abort").touch()
+    assert before_last // SEGMENT_BYTES == last_offset // SEGMENT_BYTES
+    _damage(base, before_last, flip=70 * 8)
+    with pytest.raises(StoreError, match=f"valid record follows it at offset {last_offset}"):
+        opener.open(base)
 
 
 def test_corrupt_record_in_old_segment_is_never_served_after_clean_stop(opener: Opener) -> None:

@@ -16,6 +16,7 @@ which the FlushService runs in a worker thread (the store makes flush safe again
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.admin import AdminHandlers
 from tidemq.broker.handlers.client import ClientHandlers
 from tidemq.broker.handlers.common import BrokerAddress
+from tidemq.broker.handlers.end_batch import EndBatchHandler
 from tidemq.broker.handlers.end_transaction import EndTransactionHandler
 from tidemq.broker.handlers.offsets import OffsetHandlers
 from tidemq.broker.handlers.pull import PullHandler
@@ -41,6 +43,7 @@ from tidemq.broker.service import PeriodicService
 from tidemq.broker.timer import TimerWheel
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction.admin import TransactionAdminHandlers
+from tidemq.broker.transaction.batch import SinkBatchResolver
 from tidemq.broker.transaction.check_back import CheckBackConfig, CheckBackService
 from tidemq.broker.transaction.resolution import TransactionLedger, TransactionResolver
 from tidemq.broker.transaction.stats import TransactionStats
@@ -48,7 +51,7 @@ from tidemq.clock import Clock
 from tidemq.remoting.client import RemotingClient
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.remoting.server import RemotingServer
-from tidemq.store.config import FlushDiskType, StoreConfig
+from tidemq.store.config import CorruptPolicy, FlushDiskType, StoreConfig
 from tidemq.store.message_store import DiskUsageProbe, FileMessageStore
 
 log = logging.getLogger(__name__)
@@ -82,6 +85,7 @@ class BrokerApp:
                 delete_when_hour=config.delete_when_hours[0],
                 disk_max_used_space_ratio_percent=config.disk_max_used_space_ratio_percent,
                 message_size_max=config.max_message_size,
+                corrupt_policy=CorruptPolicy(config.corrupt_policy),
             ),
             clock,
             disk_usage_probe=disk_usage_probe,
@@ -104,15 +108,6 @@ class BrokerApp:
         )
         self.locks = QueueLockTable(clock)
         self.pull_hold = PullHoldService(long_polling=config.long_polling_enable)
-        self.transaction_stats = TransactionStats()
-        self.transactions = TransactionResolver(
-            self.store,
-            TransactionLedger(),
-            self.transaction_stats,
-            clock,
-            (self.advertised.host, self.advertised.port),
-        )
-        self.check_back: CheckBackService | None = None
         self.schedule = ScheduleService(self.store, config.delay_levels_ms, clock, config_dir)
         self.timer = TimerWheel(self.store, clock, config_dir)
         self.delays = DelayRouter(
@@ -121,6 +116,22 @@ class BrokerApp:
             timer=self.timer,
             timer_max_delay_ms=config.timer_max_delay_sec * 1000,
         )
+        self.transaction_stats = TransactionStats()
+        self.transactions = TransactionResolver(
+            self.store,
+            TransactionLedger(),
+            self.transaction_stats,
+            clock,
+            (self.advertised.host, self.advertised.port),
+            route=self.delays.route,
+        )
+        self.sink_batches = SinkBatchResolver(
+            self.transactions,
+            clock,
+            orphan_timeout_ms=int(config.spark_orphan_timeout_hours * 3_600_000),
+        )
+        self.transactions.prepare_listeners.append(self.sink_batches.on_prepare)
+        self.check_back: CheckBackService | None = None
         self._namesrv_client: RemotingClient | None = None
         self._server: RemotingServer | None = None
         self.flush: FlushService | None = None
@@ -176,6 +187,7 @@ class BrokerApp:
         self.groups.load()
         self.offsets.load()
         self.transactions.rebuild(self.offsets)
+        self.sink_batches.rebuild()
         self.pull_hold.start()
         self.store.add_dispatch_listener(self.pull_hold.on_dispatch)
         self.schedule.load()
@@ -187,6 +199,7 @@ class BrokerApp:
             sync=config.flush_disk_type == "SYNC_FLUSH",
             interval_ms=config.flush_interval_ms,
             sync_timeout_ms=config.sync_flush_timeout_ms,
+            flush_log=functools.partial(self.store.flush, log_only=True),
         )
         self.flush.start()
         handlers = self._handler_table(self.flush)
@@ -203,6 +216,7 @@ class BrokerApp:
         await self._server.start()
         self.advertised.port = self._server.port
         self.transactions.set_store_host((self.advertised.host, self.advertised.port))
+        self.sink_batches.set_store_host((self.advertised.host, self.advertised.port))
         self._namesrv_client = RemotingClient(clock=self.clock)
         self.registration = RegistrationService(
             config, self.advertised, self.topics, self._namesrv_client
@@ -215,7 +229,7 @@ class BrokerApp:
                 config.consumer_offset_persist_interval_ms,
                 self.offsets.persist_if_dirty,
             ),
-            PeriodicService("client-expiry", CLIENT_SCAN_INTERVAL_MS, self.clients.expire),
+            PeriodicService("client-expiry", CLIENT_SCAN_INTERVAL_MS, self._expire_clients),
             PeriodicService("file-cleanup", config.cleanup_interval_ms, self._clean_files),
             PeriodicService(
                 "delay-offset-persist",
@@ -236,6 +250,7 @@ class BrokerApp:
             self.offsets,
             lambda group: [c.connection for c in self.clients.producer_channels(group)],
             self.clock,
+            sink_batches=self.sink_batches,
         )
         if config.is_master:
             self.check_back.start()
@@ -264,6 +279,7 @@ class BrokerApp:
             self.delays,
         ).register(table)
         EndTransactionHandler(self.config, self.transactions, flush.wait_flushed).register(table)
+        EndBatchHandler(self.config, self.sink_batches, flush.wait_flushed).register(table)
         TransactionAdminHandlers(
             self.transactions.ledger, self.transaction_stats, self.clock
         ).register(table)
@@ -276,7 +292,7 @@ class BrokerApp:
             self.clients,
             self.pull_hold,
         ).register(table)
-        OffsetHandlers(self.store, self.offsets).register(table)
+        OffsetHandlers(self.store, self.offsets, self.topics).register(table)
         ClientHandlers(
             self.clock,
             self.clients,
@@ -296,6 +312,12 @@ class BrokerApp:
         ).register(table)
         QueryHandlers(self.store, self.clock).register(table)
         return table
+
+    def _expire_clients(self) -> None:
+        self.clients.expire()
+        swept = self.locks.sweep()
+        if swept:
+            log.info("swept %d expired queue locks", swept)
 
     def _clean_files(self) -> None:
         now_ms = self.clock.now_ms()
@@ -335,5 +357,10 @@ class BrokerApp:
             self.offsets.persist()
         except OSError:
             log.exception("could not persist consumer offsets at shutdown")
+        for table in (self.topics, self.groups):
+            try:
+                await table.flush()
+            except OSError:
+                log.exception("could not persist %s at shutdown", type(table).__name__)
         if self._namesrv_client is not None:
             await self._namesrv_client.close()

@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from tidemq.clock import Clock
 from tidemq.limits import CLIENT_EXPIRY_MS, QUEUE_LOCK_EXPIRY_MS
@@ -257,25 +258,54 @@ class ConsumerIdsNotifier:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+# Queue locks held at once. An orderly consumer holds one per queue assigned to it, so this is
+# (queues x groups using orderly consumption); 100,000 covers large clusters while bounding what
+# clients inventing groups or queues can make the broker hold (a lock is ~200 bytes).
+QUEUE_LOCKS_MAX: Final = 100_000
+
+
 @dataclass(slots=True)
 class _Lock:
     client_id: str
     last_update_ms: float
+    connection: Connection | None = None
 
 
 class QueueLockTable:
-    """Per (group, queue) locks for orderly consumers; a lock expires `expiry_ms` after renewal."""
+    """Per (group, queue) locks for orderly consumers; a lock expires `expiry_ms` after renewal.
 
-    def __init__(self, clock: Clock, expiry_ms: float = QUEUE_LOCK_EXPIRY_MS) -> None:
+    Bounded by `locks_max`; expired locks are swept by the client-expiry service, and a lock goes
+    with the connection it was last renewed on (the client re-locks on its new connection).
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        expiry_ms: float = QUEUE_LOCK_EXPIRY_MS,
+        *,
+        locks_max: int = QUEUE_LOCKS_MAX,
+    ) -> None:
         self._clock = clock
         self._expiry_ms = expiry_ms
+        self._locks_max = locks_max
         self._locks: dict[str, dict[MessageQueue, _Lock]] = {}
+        self._count = 0
+        self._watched: set[Connection] = set()
+        self.refused = 0
+
+    @property
+    def count(self) -> int:
+        return self._count
 
     def _live(self, lock: _Lock | None, now: float) -> bool:
         return lock is not None and now - lock.last_update_ms <= self._expiry_ms
 
     def lock_batch(
-        self, group: str, queues: Iterable[MessageQueue], client_id: str
+        self,
+        group: str,
+        queues: Iterable[MessageQueue],
+        client_id: str,
+        connection: Connection | None = None,
     ) -> set[MessageQueue]:
         """Lock or renew each queue for `client_id`; returns those it now holds."""
         now = self._clock.monotonic_ms()
@@ -285,11 +315,45 @@ class QueueLockTable:
             lock = table.get(mq)
             if lock is not None and self._live(lock, now) and lock.client_id != client_id:
                 continue
+            if lock is None:
+                if self._count >= self._locks_max and self.sweep() == 0:
+                    self.refused += 1
+                    if self.refused % 1000 == 1:
+                        log.warning("queue lock table full (%d locks)", self._count)
+                    continue
+                self._count += 1
             if lock is None or lock.client_id != client_id:
                 log.info("group %s: %s locked by %s", group, mq, client_id)
-            table[mq] = _Lock(client_id, now)
+            table[mq] = _Lock(client_id, now, connection)
             held.add(mq)
+        if not table:
+            del self._locks[group]
+        if connection is not None and held and connection not in self._watched:
+            self._watched.add(connection)
+            connection.add_close_listener(self._on_close)
         return held
+
+    def sweep(self) -> int:
+        """Drop expired locks; returns how many (the client-expiry service calls this)."""
+        now = self._clock.monotonic_ms()
+        return self._drop(lambda lock: not self._live(lock, now))
+
+    def _on_close(self, connection: Connection) -> None:
+        self._watched.discard(connection)
+        dropped = self._drop(lambda lock: lock.connection is connection)
+        if dropped:
+            log.info("dropped %d queue locks of closed %s", dropped, connection.peer_text)
+
+    def _drop(self, doomed: Callable[[_Lock], bool]) -> int:
+        dropped = 0
+        for group, table in list(self._locks.items()):
+            for mq in [mq for mq, lock in table.items() if doomed(lock)]:
+                del table[mq]
+                dropped += 1
+            if not table:
+                del self._locks[group]
+        self._count -= dropped
+        return dropped
 
     def unlock_batch(self, group: str, queues: Iterable[MessageQueue], client_id: str) -> None:
         table = self._locks.get(group)
@@ -299,6 +363,7 @@ class QueueLockTable:
             lock = table.get(mq)
             if lock is not None and lock.client_id == client_id:
                 del table[mq]
+                self._count -= 1
                 log.info("group %s: %s unlocked by %s", group, mq, client_id)
         if not table:
             del self._locks[group]

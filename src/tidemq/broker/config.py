@@ -100,9 +100,15 @@ class BrokerConfig:
     transaction_timeout_ms: int = 6_000
     transaction_check_max: int = 15
     transaction_check_interval_ms: int = 60_000
+    # Spark sink halves no batch record resolves are rolled back after this long (a stopped
+    # query may restart late, so hours; below fileReservedTime, which discards them).
+    spark_orphan_timeout_hours: float = 24.0
     message_delay_level: str = DELAY_LEVELS_DEFAULT
     timer_max_delay_sec: int = TIMER_MAX_DELAY_SEC_DEFAULT
     enable_property_filter: bool = False
+    # What start-up does with commit-log corruption that is not a torn tail (store/recovery.py):
+    # "refuse" to start, or "quarantine" the damaged segments and start from the valid prefix.
+    corrupt_policy: str = "refuse"
 
     def __post_init__(self) -> None:
         def bad(key: str, value: object, why: str) -> ConfigError:
@@ -141,6 +147,8 @@ class BrokerConfig:
             raise bad("diskMaxUsedSpaceRatio", self.disk_max_used_space_ratio_percent, "0..100")
         if self.file_reserved_time_hours <= 0:
             raise bad("fileReservedTime", self.file_reserved_time_hours, "must be > 0")
+        if self.corrupt_policy not in ("refuse", "quarantine"):
+            raise bad("corruptPolicy", self.corrupt_policy, "must be refuse or quarantine")
         if not 0 <= self.broker_permission <= _PERM_ALL:
             raise bad("brokerPermission", self.broker_permission, "must be 0..15")
         for key, value in (
@@ -165,6 +173,8 @@ class BrokerConfig:
             raise bad("timerMaxDelaySec", self.timer_max_delay_sec, "must be > 0 s")
         if self.transaction_check_max < 0:
             raise bad("transactionCheckMax", self.transaction_check_max, "must be >= 0")
+        if self.spark_orphan_timeout_hours <= 0:
+            raise bad("sparkOrphanTimeoutHours", self.spark_orphan_timeout_hours, "must be > 0")
         for addr in self.namesrv_addrs:
             _check_addr("namesrvAddr", addr)
 
@@ -413,9 +423,22 @@ _KEYS: Final[tuple[_Key, ...]] = (
         _parse_int,
         "Period (ms) of the transaction check-back scan.",
     ),
+    _Key(
+        "sparkOrphanTimeoutHours",
+        "spark_orphan_timeout_hours",
+        _parse_float,
+        "Hours after which a Spark sink half message no batch record resolves is rolled back.",
+    ),
     _Key("messageDelayLevel", "message_delay_level", _parse_str, "Delay levels 1..N (s m h d)."),
     _Key("timerMaxDelaySec", "timer_max_delay_sec", _parse_int, "Latest TIMER_DELIVER_MS, s."),
     _Key("enablePropertyFilter", "enable_property_filter", _parse_bool, "Allow SQL92 filters."),
+    _Key(
+        "corruptPolicy",
+        "corrupt_policy",
+        _parse_str,
+        "refuse | quarantine: commit-log corruption other than a torn tail stops the start, or"
+        " moves the damaged segments to <root>/quarantine/.",
+    ),
 )
 
 # Keys needing conversion or cross-checks rather than a plain field assignment.

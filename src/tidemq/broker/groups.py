@@ -7,9 +7,11 @@ Persisted as `<root>/config/subscriptionGroup.json` in RocketMQ's shape (remotin
         "consumeBroadcastEnable":true,"retryQueueNums":1,"retryMaxTimes":16,"brokerId":0,
         "whichBrokerWhenConsumeSlowly":1,"notifyConsumerIdsChangedEnable":true}}}
 
-A group is created with those defaults the first time it pulls, heartbeats or sends back, when
+A group is created with those defaults the first time it heartbeats or sends back, when
 autoCreateSubscriptionGroup is on (RocketMQ's default); otherwise only admin-created groups exist
-and the others get SUBSCRIPTION_GROUP_NOT_EXIST.
+and the others get SUBSCRIPTION_GROUP_NOT_EXIST. A pull only looks (`lookup`): it is served with
+the defaults but creates nothing, so a stream of pulls with made-up names cannot grow the table.
+At most GROUPS_MAX groups are auto-created.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Final
 
 import orjson
 
-from tidemq.broker.persist import read_optional, write_atomic
+from tidemq.broker.persist import ConfigWriter, read_optional
 from tidemq.clock import Clock
 from tidemq.errors import ProtocolError
 
@@ -30,6 +32,10 @@ log = logging.getLogger(__name__)
 GROUPS_FILE: Final = "subscriptionGroup.json"
 # RocketMQ's default: a message is retried 16 times before it goes to the dead-letter queue.
 RETRY_MAX_TIMES_DEFAULT: Final = 16
+# Subscription groups the table holds before auto-creation stops (admin puts still work). Real
+# clusters have hundreds; the bound keeps a client inventing names from growing the table and
+# the persisted file without limit.
+GROUPS_MAX: Final = 10_000
 
 _WIRE_NAMES: Final = (
     ("group_name", "groupName"),
@@ -81,10 +87,14 @@ class SubscriptionGroupConfig:
 class SubscriptionGroupTable:
     """Group configs by name, persisted on each change."""
 
-    def __init__(self, config_dir: Path, clock: Clock, *, auto_create: bool) -> None:
+    def __init__(
+        self, config_dir: Path, clock: Clock, *, auto_create: bool, groups_max: int = GROUPS_MAX
+    ) -> None:
         self._path = config_dir / GROUPS_FILE
+        self._writer = ConfigWriter(self._path)
         self._clock = clock
         self._auto_create = auto_create
+        self._groups_max = groups_max
         self._groups: dict[str, SubscriptionGroupConfig] = {}
         self._counter = 0
         self._timestamp_ms = clock.now_ms()
@@ -105,12 +115,20 @@ class SubscriptionGroupTable:
         self._groups.update(groups)
         log.info("loaded %d subscription groups from %s", len(groups), self._path)
 
-    def persist(self) -> None:
+    def _snapshot(self) -> bytes:
         doc = {
             "dataVersion": {"counter": self._counter, "timestamp": self._timestamp_ms},
             "subscriptionGroupTable": {n: g.to_dict() for n, g in sorted(self._groups.items())},
         }
-        write_atomic(self._path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+
+    def persist(self) -> None:
+        """Write the table now, on this thread."""
+        self._writer.write(self._snapshot())
+
+    async def flush(self) -> None:
+        """Finish the background write of the latest change (shutdown)."""
+        await self._writer.flush()
 
     def get(self, group: str) -> SubscriptionGroupConfig | None:
         return self._groups.get(group)
@@ -120,10 +138,20 @@ class SubscriptionGroupTable:
         existing = self._groups.get(group)
         if existing is not None or not self._auto_create:
             return existing
+        if len(self._groups) >= self._groups_max:
+            log.warning("%d subscription groups: not auto-creating %s", len(self._groups), group)
+            return None
         config = SubscriptionGroupConfig(group_name=group)
         self._groups[group] = config
         self._changed(f"subscription group {group} auto-created")
         return config
+
+    def lookup(self, group: str) -> SubscriptionGroupConfig | None:
+        """The group's config, or (auto-create on) the defaults without storing them."""
+        existing = self._groups.get(group)
+        if existing is not None or not self._auto_create:
+            return existing
+        return SubscriptionGroupConfig(group_name=group)
 
     def put(self, config: SubscriptionGroupConfig) -> None:
         if self._groups.get(config.group_name) == config:
@@ -144,4 +172,4 @@ class SubscriptionGroupTable:
         self._counter += 1
         self._timestamp_ms = max(self._clock.now_ms(), self._timestamp_ms)
         log.info("%s", what)
-        self.persist()
+        self._writer.submit(self._snapshot())  # the fsync runs off the event loop

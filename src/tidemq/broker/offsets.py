@@ -23,7 +23,7 @@ from typing import Final
 
 import orjson
 
-from tidemq.broker.persist import quote_int_keys, read_optional, write_atomic
+from tidemq.broker.persist import ConfigWriter, quote_int_keys, read_optional
 from tidemq.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,9 @@ KEY_SEPARATOR: Final = "@"
 
 
 def table_key(topic: str, group: str) -> str:
+    # Unambiguous because the handlers validate names (^[%|a-zA-Z0-9_-]+$) before they get here.
+    assert KEY_SEPARATOR not in topic, topic
+    assert KEY_SEPARATOR not in group, group
     return f"{topic}{KEY_SEPARATOR}{group}"
 
 
@@ -47,6 +50,7 @@ class ConsumerOffsetTable:
 
     def __init__(self, config_dir: Path) -> None:
         self._path = config_dir / OFFSETS_FILE
+        self._writer = ConfigWriter(self._path)
         self._table: dict[str, dict[int, int]] = {}
         self.dirty = False
 
@@ -71,21 +75,26 @@ class ConsumerOffsetTable:
         self.dirty = False
         log.info("loaded offsets of %d topic@group pairs from %s", len(table), self._path)
 
-    def persist(self) -> None:
+    def _snapshot(self) -> bytes:
         doc = {
             "offsetTable": {
                 key: {str(qid): off for qid, off in sorted(queues.items())}
                 for key, queues in sorted(self._table.items())
             }
         }
-        # Clear first: a commit racing the write (none can, single loop) would be kept dirty.
+        # Clear first: a commit after the snapshot keeps the table dirty for the next write.
         self.dirty = False
-        write_atomic(self._path, orjson.dumps(doc))
+        return orjson.dumps(doc)
+
+    def persist(self) -> None:
+        """Write the table now, on this thread (start-up, shutdown)."""
+        self._writer.write(self._snapshot())
 
     def persist_if_dirty(self) -> bool:
+        """Snapshot now and write it in a thread when called on the event loop (periodic)."""
         if not self.dirty:
             return False
-        self.persist()
+        self._writer.submit(self._snapshot())
         return True
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> bool:

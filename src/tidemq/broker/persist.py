@@ -4,17 +4,30 @@ A file is replaced, never edited: the new content goes to `<name>.tmp`, is fsync
 over the old one, and the directory is fsync'd so the rename itself survives a power cut. A reader
 therefore sees either the old or the new file, whole. The previous version is kept as
 `<name>.bak` (as RocketMQ's ConfigManager does) so a file damaged by hand can be recovered.
+
+Writing means fsync, which can take tens of milliseconds on a busy disk, so the broker never does
+it on the event loop while serving: a `ConfigWriter` takes the snapshot (bytes) on the loop and
+writes it with `asyncio.to_thread`, at most once per CONFIG_WRITE_INTERVAL_MS however many changes
+arrive (the newest snapshot wins). Without a running loop (start-up, tools) and at shutdown it
+writes synchronously. Snapshots carry a sequence number so an older one never lands after a newer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Final
 
 log = logging.getLogger(__name__)
+
+# Least time between two background writes of one config file. Changes come in bursts (a
+# rebalance auto-creates a group and its retry topic per consumer); one write per burst is enough,
+# and what a crash can lose in this window (auto-created entries) is re-created by the clients.
+CONFIG_WRITE_INTERVAL_MS: Final = 1_000
 
 _UNQUOTED_INT_KEY: Final = re.compile(rb"([{,]\s*)(-?\d+)(\s*:)")
 
@@ -61,3 +74,67 @@ def read_optional(path: Path) -> bytes | None:
 def quote_int_keys(data: bytes) -> bytes:
     """fastjson writes maps with int keys unquoted (`{0:12}`); make that standard JSON."""
     return _UNQUOTED_INT_KEY.sub(rb'\1"\2"\3', data)
+
+
+class ConfigWriter:
+    """Writes one config file: now (`write`) or soon, off the loop and coalesced (`submit`)."""
+
+    def __init__(self, path: Path, *, interval_ms: int = CONFIG_WRITE_INTERVAL_MS) -> None:
+        self.path = path
+        self._interval_s = interval_ms / 1000
+        self._lock = threading.Lock()
+        self._seq = 0  # of the newest snapshot taken
+        self._written_seq = 0  # of the newest snapshot on disk
+        self._pending: tuple[int, bytes] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        """Write `data` now on this thread (start-up, shutdown, tests); supersedes any pending."""
+        self._seq += 1
+        self._pending = None
+        if self._task is not None:
+            self._task.cancel()  # an in-flight write of an older snapshot is skipped or precedes
+            self._task = None
+        self._write(self._seq, data)
+
+    def submit(self, data: bytes) -> None:
+        """Write `data` soon, in a thread; a later submit before then replaces it."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.write(data)
+            return
+        self._seq += 1
+        self._pending = (self._seq, data)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._drain(), name=f"write {self.path.name}")
+
+    async def flush(self) -> None:
+        """Write what is pending now and stop the background task (shutdown)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            await asyncio.to_thread(self._write, *pending)
+
+    async def _drain(self) -> None:
+        while self._pending is not None:
+            (seq, data), self._pending = self._pending, None
+            try:
+                await asyncio.to_thread(self._write, seq, data)
+            except OSError:
+                log.exception("could not write %s; retrying", self.path)
+                if self._pending is None:
+                    self._pending = (seq, data)
+            await asyncio.sleep(self._interval_s)
+
+    def _write(self, seq: int, data: bytes) -> None:
+        with self._lock:
+            if seq <= self._written_seq:
+                return  # a newer snapshot is already on disk
+            write_atomic(self.path, data)
+            self._written_seq = seq
+            self.writes += 1

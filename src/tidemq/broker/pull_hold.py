@@ -13,7 +13,11 @@ empty read without awaiting in between, so a message cannot slip between the rea
 
 With longPollingEnable=false the request is held for shortPollingTimeMills and not woken by
 arrivals (RocketMQ's short polling). The number of held requests is bounded by HELD_PULLS_MAX;
-beyond it `hold` returns at once and the client gets PULL_NOT_FOUND and pulls again.
+beyond it `hold` returns at once and the client gets PULL_NOT_FOUND and pulls again. Each hold is
+also bounded in time (PULL_SUSPEND_MS_MAX, whatever suspendTimeoutMillis asks) and tied to its
+connection: when the connection closes, its holds are released at once rather than lingering
+until an arrival or the timeout (a client that reconnects in a loop would otherwise fill the
+table with holds nobody will read).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from tidemq.errors import ProtocolError
+from tidemq.remoting.connection import Connection
 from tidemq.store.types import DispatchEvent
 
 log = logging.getLogger(__name__)
@@ -32,6 +38,10 @@ log = logging.getLogger(__name__)
 # Held pulls at once. One push consumer holds one pull per assigned queue; 10,000 covers hundreds
 # of consumers on busy topics while bounding memory (a held request is a few hundred bytes).
 HELD_PULLS_MAX: Final = 10_000
+# Longest hold whatever suspendTimeoutMillis says. Clients ask 15-20 s (RocketMQ's default
+# brokerSuspendMaxTimeMillis is 15 s, ali-ons 20 s); their request timeout is longer still, so a
+# larger value only keeps dead or hostile requests parked (one asked 10**12 ms).
+PULL_SUSPEND_MS_MAX: Final = 30_000
 
 ArrivalFilter = Callable[[DispatchEvent], bool]
 
@@ -41,18 +51,28 @@ class _Held:
     offset: int
     matches: ArrivalFilter
     future: asyncio.Future[bool] = field(repr=False)
+    connection: Connection | None = field(default=None, repr=False)
 
 
 class PullHoldService:
-    def __init__(self, *, long_polling: bool, held_max: int = HELD_PULLS_MAX) -> None:
+    def __init__(
+        self,
+        *,
+        long_polling: bool,
+        held_max: int = HELD_PULLS_MAX,
+        suspend_ms_max: int = PULL_SUSPEND_MS_MAX,
+    ) -> None:
         self._long_polling = long_polling
         self._held_max = held_max
+        self._suspend_ms_max = suspend_ms_max
         self._held: dict[tuple[str, int], list[_Held]] = {}
         self._count = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._stopped = False
         self.rejected = 0
+        # Connections with a close listener registered here (one listener per connection).
+        self._watched: set[Connection] = set()
 
     @property
     def held_count(self) -> int:
@@ -72,10 +92,18 @@ class PullHoldService:
                     held.future.set_result(False)
 
     async def hold(
-        self, topic: str, queue_id: int, offset: int, timeout_ms: float, matches: ArrivalFilter
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        timeout_ms: float,
+        matches: ArrivalFilter,
+        connection: Connection | None = None,
     ) -> bool:
-        """Wait until a matching record lands at/after `offset`: True, or False at the timeout."""
-        if self._stopped or timeout_ms <= 0:
+        """Wait until a matching record lands at/after `offset`: True, or False at the timeout
+        (at most PULL_SUSPEND_MS_MAX) or when `connection` closes."""
+        timeout_ms = min(timeout_ms, self._suspend_ms_max)
+        if self._stopped or timeout_ms <= 0 or (connection is not None and connection.closed):
             return False
         if self._count >= self._held_max:
             self.rejected += 1
@@ -83,7 +111,10 @@ class PullHoldService:
                 log.warning("pull hold full (%d held); answering at once", self._count)
             return False
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        held = _Held(offset, matches, future)
+        held = _Held(offset, matches, future, connection)
+        if connection is not None and connection not in self._watched:
+            self._watched.add(connection)
+            connection.add_close_listener(self._on_close)
         key = (topic, queue_id)
         # Short polling holds too (and counts against the bound) but is never woken early.
         self._held.setdefault(key, []).append(held)
@@ -94,6 +125,14 @@ class PullHoldService:
             return False
         finally:
             self._remove(key, held)
+
+    def _on_close(self, connection: Connection) -> None:
+        """Release the holds of a closed connection (their answers would go nowhere)."""
+        self._watched.discard(connection)
+        for waiters in self._held.values():
+            for held in waiters:
+                if held.connection is connection and not held.future.done():
+                    held.future.set_result(False)
 
     def _remove(self, key: tuple[str, int], held: _Held) -> None:
         waiters = self._held.get(key)
@@ -125,7 +164,9 @@ class PullHoldService:
                 continue
             try:
                 matched = held.matches(event)
-            except Exception:
+            except (ValueError, TypeError, ArithmeticError, ProtocolError):
+                # This runs inside the sender's put (the dispatch listener): a filter that cannot
+                # judge a record must not fail the send. Waking is safe: the pull re-filters.
                 log.exception("pull hold filter failed; waking the pull anyway")
                 matched = True
             if matched:

@@ -32,7 +32,8 @@ from typing import Final, Protocol
 import orjson
 
 from tidemq.broker.delay_levels import TIMER_PROPERTIES, requested_delivery_ms
-from tidemq.broker.persist import read_optional, write_atomic
+from tidemq.broker.persist import ConfigWriter, read_optional
+from tidemq.broker.restore import message_from_stored
 from tidemq.clock import Clock
 from tidemq.errors import CorruptRecordError
 from tidemq.protocol import record as rec
@@ -94,17 +95,13 @@ def restore_real(stored: rec.StoredMessage) -> MessageToStore:
     props.pop(TAGS_CODE_PROPERTY, None)
     for name in TIMER_PROPERTIES:
         props.pop(name, None)
-    return MessageToStore(
+    return message_from_stored(
+        stored,
         topic=topic,
         queue_id=int(qid),
-        body=stored.body,
-        flag=stored.flag,
-        properties=encode_properties(props),
-        sys_flag=stored.sys_flag,
-        born_timestamp=stored.born_timestamp,
-        born_host=stored.born_host,
-        store_host=stored.store_host,
-        reconsume_times=stored.reconsume_times,
+        properties=props,
+        # A committed transactional message keeps naming its half (the start-up repair).
+        prepared_transaction_offset=stored.prepared_transaction_offset,
     )
 
 
@@ -133,6 +130,7 @@ def park(
         store_host=message.store_host,
         reconsume_times=message.reconsume_times,
         tags_code=deliver_ms,
+        prepared_transaction_offset=message.prepared_transaction_offset,
     )
 
 
@@ -199,6 +197,7 @@ class ScheduleService:
         self._levels_ms = levels_ms
         self._clock = clock
         self._path = config_dir / DELAY_OFFSET_FILE
+        self._writer = ConfigWriter(self._path)
         self._progress: dict[int, int] = {}  # level (1-based) -> next queue offset
         self._dirty = False
         self._next_due_ms: int | None = None
@@ -215,14 +214,18 @@ class ScheduleService:
         table = orjson.loads(data).get("offsetTable", {})
         self._progress = {int(level): int(offset) for level, offset in table.items()}
 
-    def persist(self) -> None:
+    def _snapshot(self) -> bytes:
         table = {str(level): offset for level, offset in sorted(self._progress.items())}
-        write_atomic(self._path, orjson.dumps({"offsetTable": table}, option=orjson.OPT_INDENT_2))
         self._dirty = False
+        return orjson.dumps({"offsetTable": table}, option=orjson.OPT_INDENT_2)
+
+    def persist(self) -> None:
+        self._writer.write(self._snapshot())
 
     def persist_if_dirty(self) -> None:
+        """Periodic: the write (fsync) runs in a thread when called on the event loop."""
         if self._dirty:
-            self.persist()
+            self._writer.submit(self._snapshot())
 
     def progress(self, level: int) -> int:
         return self._progress.get(level, 0)

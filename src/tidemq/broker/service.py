@@ -63,8 +63,11 @@ class PeriodicService:
 
     async def _run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that arrives as
+            # the event is set (trigger() then stop()), and stop() would wait a whole interval.
             try:
-                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+                async with asyncio.timeout(self._interval_s):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

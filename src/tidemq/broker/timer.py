@@ -36,7 +36,7 @@ from typing import Final
 
 import orjson
 
-from tidemq.broker.persist import read_optional, write_atomic
+from tidemq.broker.persist import ConfigWriter, read_optional
 from tidemq.broker.schedule import deliver_time_of, park, restore
 from tidemq.clock import Clock
 from tidemq.protocol import record as rec
@@ -81,6 +81,7 @@ class TimerWheel:
         self._store = store
         self._clock = clock
         self._path = config_dir / TIMER_PROGRESS_FILE
+        self._writer = ConfigWriter(self._path)
         self._bucket_ms = bucket_ms
         self._waiting: set[int] = set()  # bucket starts not opened yet
         self._open: dict[int, _OpenBucket] = {}
@@ -139,6 +140,14 @@ class TimerWheel:
                     self._waiting.add(int(suffix))
 
     def persist(self) -> None:
+        self._writer.write(self._snapshot())
+
+    def persist_if_dirty(self) -> None:
+        """Periodic: the write (fsync) runs in a thread when called on the event loop."""
+        if self._dirty:
+            self._writer.submit(self._snapshot())
+
+    def _snapshot(self) -> bytes:
         horizon = self._clock.now_ms() - TOMBSTONE_KEEP_MS
         self._watermarks = {
             start: mark
@@ -146,15 +155,8 @@ class TimerWheel:
             if start + self._bucket_ms > horizon or start in self._open or start in self._waiting
         }
         table = {str(k): v for k, v in sorted(self._watermarks.items())}
-        write_atomic(
-            self._path,
-            orjson.dumps({"bucketMs": self._bucket_ms, "watermarks": table}),
-        )
         self._dirty = False
-
-    def persist_if_dirty(self) -> None:
-        if self._dirty:
-            self.persist()
+        return orjson.dumps({"bucketMs": self._bucket_ms, "watermarks": table})
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from tidemq.broker.persist import read_optional, write_atomic
+from tidemq.broker.persist import ConfigWriter, read_optional
 from tidemq.clock import Clock
 from tidemq.errors import ProtocolError
 from tidemq.protocol.bodies import DataVersion, TopicConfig, TopicConfigSerializeWrapper
@@ -70,6 +70,7 @@ class TopicTable:
         reply_topic_enable: bool = True,
     ) -> None:
         self._path = config_dir / TOPICS_FILE
+        self._writer = ConfigWriter(self._path)
         self._clock = clock
         self._auto_create = auto_create_topic_enable
         self._topics: dict[str, TopicConfig] = {}
@@ -113,7 +114,12 @@ class TopicTable:
         log.info("loaded %d topics from %s", len(self._topics), self._path)
 
     def persist(self) -> None:
-        write_atomic(self._path, self.wrapper().to_json())
+        """Write the table now, on this thread."""
+        self._writer.write(self.wrapper().to_json())
+
+    async def flush(self) -> None:
+        """Finish the background write of the latest change (shutdown)."""
+        await self._writer.flush()
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -220,7 +226,7 @@ class TopicTable:
             timestamp=max(now, self._version.timestamp), counter=self._version.counter + 1
         )
         log.info("%s (data version %d)", what, self._version.counter)
-        self.persist()
+        self._writer.submit(self.wrapper().to_json())  # the fsync runs off the event loop
         for listener in list(self._listeners):
             listener()
 

@@ -96,6 +96,9 @@ def select_queue(
     """
     assert queues, "select_queue needs at least one queue"
     count = len(queues)
+    first = queues[start % count]
+    if first.broker_name != last_failed_broker and faults.is_available(first.broker_name, now_ms):
+        return first  # the common case, without building the whole order
     ordered = [queues[(start + step) % count] for step in range(count)]
     for queue in ordered:
         if queue.broker_name != last_failed_broker and faults.is_available(

@@ -44,7 +44,7 @@ from tidemq.errors import (
 )
 from tidemq.limits import MESSAGE_BODY_SIZE_MAX, SEND_TIMEOUT_MS_DEFAULT
 from tidemq.protocol import message as pm
-from tidemq.protocol.bodies import MessageQueue
+from tidemq.protocol.bodies import MessageQueue, TopicRouteData
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
@@ -179,6 +179,7 @@ class Producer:
         self._keys = pm.UniqueKeyGenerator(self._instance.client_ip, self._instance.pid)
         self._counters: dict[str, int] = {}
         self._default_routes: dict[str, tuple[PublishInfo, float]] = {}
+        self._publish_infos: dict[str, tuple[TopicRouteData, PublishInfo]] = {}
         self._pending: set[asyncio.Future[SendResult]] = set()
         self._started = False
         self._closed = False
@@ -256,11 +257,19 @@ class Producer:
                     raise NoRouteError(f"topic {topic!r} has no route and TBW102 no queue") from exc
                 self._default_routes[topic] = (info, now)
                 return info
-        self._default_routes.pop(topic, None)
+        if self._default_routes:
+            self._default_routes.pop(topic, None)
+        # The queues are derived from the route object alone, so they are kept until the route
+        # cache holds another object for the topic (every send asks; a refresh replaces it).
+        cached_info = self._publish_infos.get(topic)
+        if cached_info is not None and cached_info[0] is route:
+            return cached_info[1]
         queues = tuple(publish_queues(topic, route))
         if not queues:
             raise NoRouteError(f"topic {topic!r} has no writable queue")
-        return PublishInfo(topic, queues)
+        info = PublishInfo(topic, queues)
+        self._publish_infos[topic] = (route, info)
+        return info
 
     def _next_index(self, topic: str) -> int:
         # Start each topic at a random queue so many producers do not all begin on queue 0.

@@ -25,6 +25,8 @@ _FALSE_TEXTS: Final = frozenset({"false", "0"})
 # Java longs are signed 64-bit; a bigger value is a broken peer, not a big offset.
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
+# Decimal figures that always fit an int64 (10**18 - 1 < 2**63), so the hot path skips the check.
+_PLAIN_DIGITS_MAX: Final = 18
 
 Scalar = str | int | bool | None  # bool before int: True is an int too
 
@@ -46,6 +48,9 @@ def render(pairs: Mapping[str, Scalar]) -> dict[str, str]:
 
 def parse_int_text(text: str, *, what: str) -> int:
     """A decimal integer within the signed 64-bit range, else ProtocolError naming `what`."""
+    plain = parse_plain_int(text)
+    if plain is not None:
+        return plain
     stripped = text.strip()
     if not _INTEGER.fullmatch(stripped):
         raise ProtocolError(f"{what} is not an integer: {text!r}")
@@ -53,6 +58,19 @@ def parse_int_text(text: str, *, what: str) -> int:
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise ProtocolError(f"{what} is out of the 64-bit range: {text!r}")
     return value
+
+
+def parse_plain_int(text: str) -> int | None:
+    """The hot path of parse_int_text: ASCII digits with an optional "-", at most 18 figures (so
+    within int64); None for anything else, which the caller then parses the careful way."""
+    digits = text[1:] if text[:1] == "-" else text
+    if digits.isdigit() and digits.isascii() and len(digits) <= _PLAIN_DIGITS_MAX:
+        return int(text)
+    return None
+
+
+# Booleans as clients actually spell them, for the hot path; other spellings take the careful one.
+PLAIN_BOOLS: Final = {"true": True, "false": False, "1": True, "0": False}
 
 
 def parse_bool_text(text: str, *, what: str) -> bool:
@@ -63,6 +81,11 @@ def parse_bool_text(text: str, *, what: str) -> bool:
     if lowered in _FALSE_TEXTS:
         return False
     raise ProtocolError(f"{what} is not a boolean: {text!r}")
+
+
+def is_true_text(value: str | None) -> bool:
+    """Lenient flag reading (TRAN_MSG and the like): True only for "true"/"1" in any case."""
+    return value is not None and value.strip().lower() in _TRUE_TEXTS
 
 
 class FieldReader:

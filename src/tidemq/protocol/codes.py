@@ -73,6 +73,7 @@ class RequestCode(IntEnum):
     # REQUEST_CODE_NOT_SUPPORTED. Bodies are JSON (broker/transaction/admin.py).
     TIDEMQ_TX_LIST = 10_001  # in-flight half messages (`tidemq tx list`)
     TIDEMQ_TX_STATS = 10_002  # transaction counters (`tidemq tx stats`)
+    TIDEMQ_END_BATCH = 10_003  # a sink batch's halves: commit the listed, roll back the rest
 
 
 class ResponseCode(IntEnum):

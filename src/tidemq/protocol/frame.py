@@ -42,6 +42,7 @@ assert _LENGTHS.size == 8
 _BINARY_FIXED = struct.Struct(">hBhiii")  # code, language, version, opaque, flag, remark_len
 assert _BINARY_FIXED.size == 17
 _I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
 _I16 = struct.Struct(">h")
 _HEADER_LEN_MASK: Final = 0xFFFFFF
 
@@ -181,11 +182,15 @@ def _decode_json_header(data: bytes) -> RemotingCommand:
     raw_fields = header.get("extFields") or {}
     if not isinstance(raw_fields, dict):
         raise ProtocolError("extFields is not a JSON object")
-    ext_fields: dict[str, str] = {}
-    for key, value in raw_fields.items():
-        text = _field_text(value)
-        if text is not None:
-            ext_fields[key] = text
+    ext_fields: dict[str, str]
+    if all(value.__class__ is str for value in raw_fields.values()):
+        ext_fields = raw_fields  # the common case (every client sends strings): no copy
+    else:
+        ext_fields = {}
+        for key, value in raw_fields.items():
+            text = _field_text(value)
+            if text is not None:
+                ext_fields[key] = text
     remark = header.get("remark")
     language = header.get("language", "OTHER")
     return RemotingCommand(
@@ -247,24 +252,32 @@ def _decode_binary_header(data: bytes) -> RemotingCommand:
 
 def decode_frame(frame: bytes) -> RemotingCommand:
     """Decode one frame given without its length prefix (ser/len int, header, body)."""
-    if len(frame) < 4:
-        raise ProtocolError(f"frame of {len(frame)} bytes is shorter than its header length")
-    (type_and_length,) = _I32.unpack_from(frame, 0)
+    return _decode_frame_at(frame, 0, len(frame))
+
+
+def _decode_frame_at(source: bytes | bytearray, start: int, end: int) -> RemotingCommand:
+    """decode_frame of source[start:end], slicing the header and body out of `source` directly
+    (one copy each) rather than copying the frame first."""
+    size = end - start
+    if size < 4:
+        raise ProtocolError(f"frame of {size} bytes is shorter than its header length")
+    (type_and_length,) = _I32.unpack_from(source, start)
     type_and_length &= 0xFFFFFFFF
     serialize_type = type_and_length >> 24
     header_len = type_and_length & _HEADER_LEN_MASK
-    if header_len > len(frame) - 4:
-        raise ProtocolError(f"header length {header_len} exceeds frame length {len(frame)}")
+    if header_len > size - 4:
+        raise ProtocolError(f"header length {header_len} exceeds frame length {size}")
     if header_len > FRAME_HEADER_SIZE_MAX:
         raise ProtocolError(f"header length {header_len} exceeds {FRAME_HEADER_SIZE_MAX}")
-    header = bytes(frame[4 : 4 + header_len])
+    body_start = start + 4 + header_len
+    header = bytes(source[start + 4 : body_start])
     if serialize_type == SerializeType.JSON:
         command = _decode_json_header(header)
     elif serialize_type == SerializeType.ROCKETMQ:
         command = _decode_binary_header(header)
     else:
         raise ProtocolError(f"unknown serialisation type {serialize_type}")
-    command.body = bytes(frame[4 + header_len :])
+    command.body = bytes(source[body_start:end])
     return command
 
 
@@ -287,23 +300,32 @@ class FrameDecoder:
 
     def feed(self, data: bytes) -> list[RemotingCommand]:
         buffer = self._buffer
-        buffer += data
+        # Frames that arrive whole are decoded straight from `data`; only a partial tail (or data
+        # completing an earlier tail) goes through the buffer.
+        source: bytes | bytearray
+        if buffer:
+            buffer += data
+            source = buffer
+        else:
+            source = data
         commands: list[RemotingCommand] = []
         position = 0
-        available = len(buffer)
+        available = len(source)
+        frame_size_max = self._frame_size_max
         while available - position >= 4:
-            (total,) = struct.unpack_from(">I", buffer, position)
+            (total,) = _U32.unpack_from(source, position)
             if total < 4:
                 raise ProtocolError(f"frame length {total} is below the minimum of 4")
-            if total > self._frame_size_max:
-                raise ProtocolError(
-                    f"frame length {total} exceeds the limit {self._frame_size_max}"
-                )
+            if total > frame_size_max:
+                raise ProtocolError(f"frame length {total} exceeds the limit {frame_size_max}")
             end = position + 4 + total
             if end > available:
                 break
-            commands.append(decode_frame(bytes(buffer[position + 4 : end])))
+            commands.append(_decode_frame_at(source, position + 4, end))
             position = end
-        if position:
-            del buffer[:position]
+        if source is buffer:
+            if position:
+                del buffer[:position]
+        elif position < available:
+            buffer += data[position:]
         return commands

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntFlag
-from typing import Final, Self
+from typing import Final, Self, TypeVar
 
 from tidemq.limits import PULL_SUSPEND_MS_DEFAULT
-from tidemq.protocol._fields import FieldReader, render
+from tidemq.protocol._fields import PLAIN_BOOLS, FieldReader, parse_plain_int, render
 
 DEFAULT_TOPIC: Final = "TBW102"
 # What every target client sends as defaultTopicQueueNums (§4.1).
@@ -46,6 +46,8 @@ _SEND_NAMES: Final = (
     ("bname", "n"),
 )
 _SEND_V1_TO_V2: Final = dict(_SEND_NAMES)
+_SEND_V1_KEYS: Final = tuple(v1 for v1, _ in _SEND_NAMES)
+_SEND_V2_KEYS: Final = tuple(v2 for _, v2 in _SEND_NAMES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,27 +71,28 @@ class SendMessageRequestHeader:
 
     def to_fields(self, *, v2: bool = False) -> dict[str, str]:
         """extFields with the long names, or with the letters a..n when `v2` (codes 310/320)."""
-        fields = render(
-            {
-                "producerGroup": self.producer_group,
-                "topic": self.topic,
-                "defaultTopic": self.default_topic,
-                "defaultTopicQueueNums": self.default_topic_queue_nums,
-                "queueId": self.queue_id,
-                "sysFlag": self.sys_flag,
-                "bornTimestamp": self.born_timestamp,
-                "flag": self.flag,
-                "properties": self.properties,
-                "reconsumeTimes": self.reconsume_times,
-                "unitMode": self.unit_mode,
-                "maxReconsumeTimes": self.max_reconsume_times,
-                "batch": self.batch,
-                "bname": self.broker_name,
-            }
-        )
-        if not v2:
-            return fields
-        return {_SEND_V1_TO_V2[name]: value for name, value in fields.items()}
+        # Built directly (one send per message): the same map `render` would make.
+        names = _SEND_V2_KEYS if v2 else _SEND_V1_KEYS
+        fields = {
+            names[0]: self.producer_group,
+            names[1]: self.topic,
+            names[2]: self.default_topic,
+            names[3]: str(self.default_topic_queue_nums),
+            names[4]: str(self.queue_id),
+            names[5]: str(self.sys_flag),
+            names[6]: str(self.born_timestamp),
+            names[7]: str(self.flag),
+        }
+        if self.properties is not None:
+            fields[names[8]] = self.properties
+        fields[names[9]] = str(self.reconsume_times)
+        fields[names[10]] = "true" if self.unit_mode else "false"
+        if self.max_reconsume_times is not None:
+            fields[names[11]] = str(self.max_reconsume_times)
+        fields[names[12]] = "true" if self.batch else "false"
+        if self.broker_name is not None:
+            fields[names[13]] = self.broker_name
+        return fields
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> Self:
@@ -98,7 +101,11 @@ class SendMessageRequestHeader:
         The request code does not decide it: C++ sends long names with code 10, Java and ali-ons
         letters with 310/320, and a client could mix them up without harm.
         """
-        if "producerGroup" not in fields and "a" in fields:
+        v2 = "producerGroup" not in fields and "a" in fields
+        fast = _send_header_fast(cls, fields, _SEND_V2_KEYS if v2 else _SEND_V1_KEYS)
+        if fast is not None:
+            return fast
+        if v2:
             fields = {v1: fields[v2] for v1, v2 in _SEND_NAMES if v2 in fields}
         r = FieldReader(cls.__name__, fields)
         return cls(
@@ -119,6 +126,56 @@ class SendMessageRequestHeader:
         )
 
 
+_Send = TypeVar("_Send", bound=SendMessageRequestHeader)
+
+
+def _send_header_fast(
+    cls: type[_Send], fields: Mapping[str, str], keys: tuple[str, ...]
+) -> _Send | None:
+    """The send header when every field is in its plain form (what every client sends), else None
+    so that from_fields takes the careful path, which also names what is wrong. One send is parsed
+    per message, so this path avoids FieldReader's per-field calls (remoting.md §4.1)."""
+    get = fields.get
+    group, topic, default_topic = get(keys[0]), get(keys[1]), get(keys[2])
+    if group is None or topic is None or default_topic is None:
+        return None
+    ints: list[int] = []
+    for key in keys[3:8]:  # defaultTopicQueueNums, queueId, sysFlag, bornTimestamp, flag
+        text = get(key)
+        value = None if text is None else parse_plain_int(text)
+        if value is None:
+            return None
+        ints.append(value)
+    reconsume_text, max_text = get(keys[9]) or "0", get(keys[11])
+    reconsume_times = parse_plain_int(reconsume_text)
+    max_reconsume_times = parse_plain_int(max_text) if max_text else None
+    unit_mode = PLAIN_BOOLS.get(get(keys[10]) or "false")
+    batch = PLAIN_BOOLS.get(get(keys[12]) or "false")
+    if (
+        reconsume_times is None
+        or (max_text and max_reconsume_times is None)
+        or unit_mode is None
+        or batch is None
+    ):
+        return None
+    return cls(
+        producer_group=group,
+        topic=topic,
+        default_topic=default_topic,
+        default_topic_queue_nums=ints[0],
+        queue_id=ints[1],
+        sys_flag=ints[2],
+        born_timestamp=ints[3],
+        flag=ints[4],
+        properties=get(keys[8]),
+        reconsume_times=reconsume_times,
+        unit_mode=unit_mode,
+        max_reconsume_times=max_reconsume_times,
+        batch=batch,
+        broker_name=get(keys[13]) or None,
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SendMessageResponseHeader:
     """msg_id is the offsetMsgId (comma-joined for a batch); queue_offset the first one."""
@@ -129,19 +186,34 @@ class SendMessageResponseHeader:
     transaction_id: str | None = None
 
     def to_fields(self) -> dict[str, str]:
-        return render(
-            {
-                "msgId": self.msg_id,
-                "queueId": self.queue_id,
-                "queueOffset": self.queue_offset,
-                "transactionId": self.transaction_id,
-                "MSG_REGION": MSG_REGION_DEFAULT,
-                "TRACE_ON": True,
-            }
-        )
+        # Built directly (one answer per send): the same map `render` would make.
+        fields = {
+            "msgId": self.msg_id,
+            "queueId": str(self.queue_id),
+            "queueOffset": str(self.queue_offset),
+        }
+        if self.transaction_id is not None:
+            fields["transactionId"] = self.transaction_id
+        fields["MSG_REGION"] = MSG_REGION_DEFAULT
+        fields["TRACE_ON"] = "true"
+        return fields
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> Self:
+        msg_id, queue_id_text, offset_text = (
+            fields.get("msgId"),
+            fields.get("queueId"),
+            fields.get("queueOffset"),
+        )
+        if msg_id is not None and queue_id_text is not None and offset_text is not None:
+            queue_id, queue_offset = parse_plain_int(queue_id_text), parse_plain_int(offset_text)
+            if queue_id is not None and queue_offset is not None:  # the hot path: one per send
+                return cls(
+                    msg_id=msg_id,
+                    queue_id=queue_id,
+                    queue_offset=queue_offset,
+                    transaction_id=fields.get("transactionId"),
+                )
         r = FieldReader(cls.__name__, fields)
         return cls(
             msg_id=r.req_str("msgId"),
@@ -284,6 +356,37 @@ class EndTransactionRequestHeader:
             from_transaction_check=r.bool_or("fromTransactionCheck", False),
             msg_id=r.req_str("msgId"),
             transaction_id=r.opt_str_nonempty("transactionId"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndBatchRequestHeader:
+    """TIDEMQ_END_BATCH (TideMQ-private): end every half message of one sink batch.
+
+    commit_or_rollback holds the sysFlag transaction value as END_TRANSACTION's does: 8 COMMIT,
+    12 ROLLBACK. The body is JSON `{"txns": ["<partition>/<attempt>", ...]}`.
+    """
+
+    sink_id: str
+    batch_id: int
+    commit_or_rollback: int
+
+    def to_fields(self) -> dict[str, str]:
+        return render(
+            {
+                "sinkId": self.sink_id,
+                "batchId": self.batch_id,
+                "commitOrRollback": self.commit_or_rollback,
+            }
+        )
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> Self:
+        r = FieldReader(cls.__name__, fields)
+        return cls(
+            sink_id=r.req_str("sinkId"),
+            batch_id=r.req_int("batchId"),
+            commit_or_rollback=r.req_int("commitOrRollback"),
         )
 
 

@@ -25,6 +25,7 @@ from enum import IntEnum
 from typing import Final, Self
 
 from tidemq.errors import ProtocolError
+from tidemq.protocol._fields import is_true_text
 from tidemq.protocol.message_batch import BatchItem, decode_batch, deflate, encode_batch, inflate
 from tidemq.protocol.message_id import (
     UniqueKeyGenerator,
@@ -141,6 +142,7 @@ __all__ = [
     "is_dlq_topic",
     "is_retry_topic",
     "is_system_topic",
+    "is_true_text",
     "java_string_hash",
     "offset_msg_id",
     "parse_tag_expression",
@@ -163,6 +165,9 @@ REAL_TOPIC: Final = "REAL_TOPIC"  # destination while parked in the schedule or 
 REAL_QID: Final = "REAL_QID"
 TRAN_MSG: Final = "TRAN_MSG"  # "true" marks a half message
 PGROUP: Final = "PGROUP"  # producer group of a transactional message
+# TideMQ: "<sinkId>/<batchId>/<partition>/<attempt>" of a Spark sink half message; such a half
+# is resolved by TIDEMQ_END_BATCH and the batch records, never by producer check-back.
+SPARK_TXN: Final = "__SPARKTXN#"
 MIN_OFFSET: Final = "MIN_OFFSET"  # added client-side on pull
 MAX_OFFSET: Final = "MAX_OFFSET"
 BUYER_ID: Final = "BUYER_ID"

@@ -87,12 +87,12 @@ class ClientCache:
                 clients = self._clients[key] = _Clients(consumer, admin)
             return clients
 
-    def producer(self, name_server: str, group: str) -> BlockingProducer:
-        key = (os.getpid(), name_server, group)
+    def producer(self, name_server: str, group: str, *, retry_times: int = 2) -> BlockingProducer:
+        key = (os.getpid(), name_server, f"{group}#{retry_times}")
         with self._lock:
             producer = self._producers.get(key)
             if producer is None:
-                producer = BlockingProducer(group, name_server.split(";"))
+                producer = BlockingProducer(group, name_server.split(";"), retry_times=retry_times)
                 producer.start()
                 self._producers[key] = producer
             return producer

@@ -300,6 +300,7 @@ class SinkOptions:
     exactly_once: bool = True
     producer_group: str = PRODUCER_GROUP_DEFAULT
     send_batch_size: int = SEND_BATCH_SIZE_DEFAULT
+    sink_id: str | None = None  # exactly once: prefixes the query id (never replaces it)
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -321,10 +322,14 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     batch = parse_positive_int("sendBatchSize", _get(options, "sendBatchSize"))
     if batch is not None and batch > SEND_BATCH_SIZE_MAX:
         raise ValueError(f"option sendBatchSize may not exceed {SEND_BATCH_SIZE_MAX}")
+    sink_id = _get(options, "sinkId")
+    if sink_id is not None and (not sink_id or "/" in sink_id or ":" in sink_id):
+        raise ValueError("option sinkId must be non-empty and hold neither '/' nor ':'")
     return SinkOptions(
         name_server=name_server,
         topic=topic,
         exactly_once=parse_bool("exactlyOnce", _get(options, "exactlyOnce"), default=True),
         producer_group=group,
         send_batch_size=batch or SEND_BATCH_SIZE_DEFAULT,
+        sink_id=sink_id,
     )

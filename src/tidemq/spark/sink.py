@@ -11,9 +11,9 @@ Delivery modes:
   `sendBatchSize` per SEND_BATCH_MESSAGE; rows with a sharding key one by one to their queue).
   A task retried after a failure, or a batch replayed after a driver crash, sends its rows
   again.
-- `exactlyOnce=true` (the default): needs the broker's batch-scoped END request (spec §5;
-  docs/briefs/spark.md). Until a broker offers it the sink refuses to start rather than silently
-  delivering at least once.
+- `exactlyOnce=true` (the default): rows go out as half messages tagged with the batch, and the
+  driver ends each batch with one TIDEMQ_END_BATCH per broker (exactly_once.py). Atomic per
+  broker only.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from tidemq.client.blocking import BlockingProducer
 from tidemq.client.message import Message
 
 from .broker_access import CLIENTS
+from .exactly_once import TideMQEosStreamWriter, TideMQEosWriter
 from .options import SinkOptions, parse_sink_options
 
 logger = logging.getLogger(__name__)
@@ -89,23 +90,25 @@ def _checked_options(
         )
     parsed = parse_sink_options(options)
     check_input_schema(schema, parsed)
-    if parsed.exactly_once:
-        raise ValueError(
-            "exactlyOnce=true needs the broker's batch-scoped transaction END request, which "
-            "this TideMQ does not offer yet; set the sink option exactlyOnce=false for "
-            "at-least-once delivery"
-        )
     return parsed
 
 
-def batch_writer(options: Mapping[str, str], schema: StructType, overwrite: bool) -> TideMQWriter:
-    return TideMQWriter(_checked_options(options, schema, overwrite))
+def batch_writer(
+    options: Mapping[str, str], schema: StructType, overwrite: bool
+) -> DataSourceArrowWriter:
+    parsed = _checked_options(options, schema, overwrite)
+    if parsed.exactly_once:
+        return TideMQEosWriter(parsed)
+    return TideMQWriter(parsed)
 
 
 def stream_writer(
     options: Mapping[str, str], schema: StructType, overwrite: bool
-) -> TideMQStreamWriter:
-    return TideMQStreamWriter(_checked_options(options, schema, overwrite))
+) -> DataSourceStreamArrowWriter:
+    parsed = _checked_options(options, schema, overwrite)
+    if parsed.exactly_once:
+        return TideMQEosStreamWriter(parsed)
+    return TideMQStreamWriter(parsed)
 
 
 # -- executors ------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Never imports asyncio. The broker owns one FileMessageStore; `tools` reads a sto
 without opening it for writing (`tidemq store verify|dump`).
 """
 
-from tidemq.store.config import FlushDiskType, StoreConfig
+from tidemq.store.config import CorruptPolicy, FlushDiskType, StoreConfig
 from tidemq.store.message_store import FileMessageStore
 from tidemq.store.recovery import RecoveryReport
 from tidemq.store.types import (
@@ -17,6 +17,7 @@ from tidemq.store.types import (
 )
 
 __all__ = [
+    "CorruptPolicy",
     "DispatchEvent",
     "FileMessageStore",
     "FlushDiskType",

@@ -13,6 +13,16 @@ from tidemq.limits import (
 )
 
 
+class CorruptPolicy(enum.Enum):
+    """What recovery does with a corrupt record that is not a torn tail (see recovery.py)."""
+
+    # Refuse to start, naming the segment and offset, so an operator can run `store verify`.
+    REFUSE = "refuse"
+    # Move the damaged segment (a copy) and every later one into <root>/quarantine/, keep the
+    # valid prefix and start. Records after the damage are unavailable until restored by hand.
+    QUARANTINE = "quarantine"
+
+
 class FlushDiskType(enum.Enum):
     """RocketMQ flushDiskType. The store only reports; the broker's FlushService acts on it."""
 
@@ -39,6 +49,8 @@ class StoreConfig:
     # Hash slots and entries per index file: 40 + 4 * slots + 20 * entries bytes (~8.4 MiB).
     index_slot_count: int = 100_000
     index_entry_count: int = 400_000
+    # Corruption below the flushed offset or before valid records: refuse, or quarantine.
+    corrupt_policy: CorruptPolicy = CorruptPolicy.REFUSE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root_dir", Path(self.root_dir))

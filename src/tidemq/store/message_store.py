@@ -134,6 +134,7 @@ class FileMessageStore:
                     full=full,
                     dispatch=self._redispatch,
                     queues=lambda: list(self._queues.values()),
+                    corrupt_policy=self.config.corrupt_policy,
                 )
                 break
             except NeedFullRebuild as exc:
@@ -545,13 +546,15 @@ class FileMessageStore:
     def flushed_physical_offset(self) -> int:
         return self._log.flushed_offset
 
-    def flush(self) -> int:
-        """msync the commit log, consume queues and index; write the checkpoint."""
+    def flush(self, *, log_only: bool = False) -> int:
+        """Sync the commit log, then (unless `log_only`) consume queues, index and checkpoint."""
         with self._flush_lock:
             if not self._running:
                 return self._log.flushed_offset
             dispatched = self._dispatched_offset
             log_flushed = self._log.flush()
+            if log_only:
+                return log_flushed
             with self._table_lock:
                 queues = list(self._queues.values())
             for cq in queues:

@@ -14,7 +14,15 @@ and can always be rebuilt. At start:
    offset, so records already dispatched are left as they are. A record whose queue offset lies
    past the end of its consume queue means entries before the checkpoint were lost: the
    recovery restarts as a full rebuild.
-4. Truncate: zero the rest of the segment holding the end, delete later segments, drop consume
+4. Decide whether the end is a torn tail. Only a torn tail may be cut: the stop lies in the
+   last segment, no valid record follows it there, and (when it is a bad record rather than
+   zeros) it lies at or beyond the checkpoint's flushed offset, i.e. in bytes that were never
+   promised durable. Anything else is corruption of data that was durable or that valid data
+   follows: cutting it would silently delete acknowledged messages. Then `corrupt_policy`
+   decides: REFUSE (the default) raises StoreError naming the segment and offset and pointing
+   to `tidemq store verify`; QUARANTINE copies the damaged segment and moves every later one
+   into `<root>/quarantine/` (never unlinking a byte) and goes on as for a torn tail.
+5. Truncate: zero the rest of the segment holding the end, delete later segments, drop consume
    queue entries pointing at or past the end, and move each queue's minimum to the log's first
    record. Stale index entries need no cleaning: lookups check the record they point at.
 
@@ -24,13 +32,20 @@ A record that fails its CRC is never dispatched, so it can never be served.
 from __future__ import annotations
 
 import logging
+import shutil
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from tidemq.errors import CorruptRecordError, StoreError
+from tidemq.protocol import record as rec
 from tidemq.protocol.record import StoredMessage
 from tidemq.store.checkpoint import Checkpoint
 from tidemq.store.commit_log import CommitLog, LogScanner
+from tidemq.store.config import CorruptPolicy
 from tidemq.store.consume_queue import ConsumeQueue, PutAt
+from tidemq.store.mapped_file import MappedFile
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +85,76 @@ def scan_start(log: CommitLog, checkpoint: Checkpoint | None, full: bool) -> int
     return start
 
 
+_MAGIC_BYTES = struct.pack(">I", rec.MAGIC_RECORD)
+
+
+def recover_find_valid_record(mf: MappedFile, pos_from: int) -> int | None:
+    """Position of the first valid record (magic, CRC, own offset) at or after `pos_from`.
+
+    Searches for the magic with mmap.find, so even a 1 GiB segment costs one pass in C.
+    """
+    magic_at = mf.mm.find(_MAGIC_BYTES, pos_from + 4)
+    while magic_at >= 0:
+        pos = magic_at - 4
+        try:
+            message = rec.decode_record(mf.mm, pos, require_crc=True)
+        except CorruptRecordError:
+            pass
+        else:
+            if message.physical_offset == mf.start_offset + pos:
+                return pos
+        magic_at = mf.mm.find(_MAGIC_BYTES, magic_at + 1)
+    return None
+
+
+def recover_damage(
+    log: CommitLog, end: int, stop_reason: str, checkpoint: Checkpoint | None, clean_stop: bool
+) -> str | None:
+    """Why the scan's stop at `end` is not a torn tail, or None when it is one."""
+    later = [mf for mf in log.files.files if mf.start_offset > end]
+    if later:
+        return f"{len(later)} later segment(s) follow it, starting with {later[0].path.name}"
+    mf = log.files.find_file(end)
+    if mf is None:
+        return None  # at the very end of the last segment: nothing to cut
+    if stop_reason != "end":
+        if checkpoint is not None:
+            flushed = checkpoint.log_flushed_offset
+        else:
+            # Without a checkpoint a clean stop still means everything was flushed.
+            flushed = mf.end_offset if clean_stop else 0
+        if end < flushed:
+            return f"it lies below the flushed offset {flushed}"
+    found = recover_find_valid_record(mf, end - mf.start_offset + 1)
+    if found is not None:
+        return f"a valid record follows it at offset {mf.start_offset + found}"
+    return None
+
+
+def recover_quarantine(log: CommitLog, end: int) -> list[Path]:
+    """Copy the segment holding `end` and move every later one into <root>/quarantine/."""
+    directory = log.files.directory.parent / "quarantine"
+    directory.mkdir(parents=True, exist_ok=True)
+    moved: list[Path] = []
+    for mf in list(log.files.files):
+        if mf.end_offset <= end:
+            continue
+        target = directory / mf.path.name
+        n = 1
+        while target.exists():
+            target = directory / f"{mf.path.name}.{n}"
+            n += 1
+        if mf.start_offset <= end:
+            mf.mm.flush()
+            shutil.copy2(mf.path, target)  # the live copy keeps its valid prefix
+        else:
+            mf.close()
+            mf.path.rename(target)
+            log.files.files.remove(mf)
+        moved.append(target)
+    return moved
+
+
 def recover(
     *,
     log: CommitLog,
@@ -78,8 +163,13 @@ def recover(
     full: bool,
     dispatch: Callable[[StoredMessage, bool], PutAt | None],
     queues: Callable[[], list[ConsumeQueue]],
+    corrupt_policy: CorruptPolicy = CorruptPolicy.REFUSE,
 ) -> RecoveryReport:
-    """Run steps 2-4 above. `dispatch(message, index_it)` re-dispatches one record."""
+    """Run steps 2-5 above. `dispatch(message, index_it)` re-dispatches one record.
+
+    Raises:
+        StoreError: the log is corrupt other than at a torn tail and the policy is REFUSE.
+    """
     start = scan_start(log, checkpoint, full)
     index_from = 0 if full or checkpoint is None else checkpoint.logic_flushed_offset
     scanner = LogScanner(log, start)
@@ -114,6 +204,19 @@ def recover(
                 message.queue_offset,
             )
     end = scanner.end_offset
+    damage = recover_damage(log, end, scanner.stop_reason, checkpoint, clean_stop)
+    if damage is not None:
+        mf = log.files.find_file(end)
+        where = f"segment {mf.path} " if mf is not None else ""
+        what = f"commit log {where}is corrupt at offset {end} ({scanner.stop_reason}) and {damage}"
+        if corrupt_policy is CorruptPolicy.REFUSE:
+            raise StoreError(
+                f"{what}; not truncating. Run `tidemq store verify {log.files.directory.parent}`"
+                " to see the damage, then restore the segment or start with corrupt_policy="
+                "quarantine (broker.conf corruptPolicy=quarantine) to move it aside"
+            )
+        moved = recover_quarantine(log, end)
+        logger.error("%s; quarantined %s", what, ", ".join(str(p) for p in moved))
     if scanner.stop_reason != "end":
         logger.warning(
             "commit log truncated at offset %d: %s (scanned %d records from %d)",

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from tidemq.broker.app import BrokerApp
 from tidemq.broker.config import load_broker_config
@@ -17,12 +18,22 @@ from tidemq.clock import Clock, SystemClock
 from tidemq.namesrv.app import NamesrvApp
 from tidemq.namesrv.config import NamesrvConfig
 
+# Segment sizes for test brokers. Segments are preallocated (fallocate), so RocketMQ's 1 GiB
+# commit-log default would reserve a real GiB per test broker and fill a CI disk; tests that
+# exercise rollovers pass smaller values still.
+TEST_BROKER_SETTINGS: Final[Mapping[str, str]] = {
+    "mappedFileSizeCommitLog": str(16 * 1024 * 1024),
+    "mappedFileSizeConsumeQueue": str(20_000 * 20),
+}
+
 
 @dataclass
 class LocalCluster:
     namesrv: NamesrvApp
     brokers: list[BrokerApp] = field(default_factory=list)
     root: Path = Path()
+    # broker.conf keys given to local_cluster(); reapplied when a broker restarts.
+    broker_settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def namesrv_addr(self) -> str:
@@ -39,6 +50,8 @@ class LocalCluster:
             "storePathRootDir": str(self.root / f"broker-{index}"),
             "brokerName": f"broker-{chr(ord('a') + index)}",
             "brokerIP1": "127.0.0.1",
+            **TEST_BROKER_SETTINGS,
+            **self.broker_settings,
         }
 
     async def restart_broker(self, index: int = 0, **overrides: str) -> BrokerApp:
@@ -70,11 +83,10 @@ async def local_cluster(
     clock = clock or SystemClock()
     namesrv = NamesrvApp(NamesrvConfig(listen_port=0), clock)
     await namesrv.start()
-    cluster = LocalCluster(namesrv=namesrv, root=root)
+    cluster = LocalCluster(namesrv=namesrv, root=root, broker_settings=dict(broker_settings or {}))
     try:
         for index in range(brokers):
             settings = cluster.broker_config_overrides(index)
-            settings.update(broker_settings or {})
             app = BrokerApp(load_broker_config(None, {}, settings), clock)
             await app.start()
             cluster.brokers.append(app)

@@ -24,6 +24,7 @@ async def send_back(
     group: str = "CG",
     delay_level: int = 0,
     max_reconsume_times: int | None = None,
+    version: int = 407,
 ) -> RemotingCommand:
     header = ConsumerSendMsgBackRequestHeader(
         offset=offset,
@@ -32,7 +33,11 @@ async def send_back(
         max_reconsume_times=max_reconsume_times,
     )
     return await broker.call(
-        RemotingCommand(code=RequestCode.CONSUMER_SEND_MSG_BACK, ext_fields=header.to_fields())
+        RemotingCommand(
+            code=RequestCode.CONSUMER_SEND_MSG_BACK,
+            ext_fields=header.to_fields(),
+            version=version,
+        )
     )
 
 
@@ -44,6 +49,7 @@ async def send_with(
     *,
     reconsume_times: int = 0,
     max_reconsume_times: int | None = None,
+    version: int = 407,
 ) -> RemotingCommand:
     header = SendMessageRequestHeader(
         producer_group="PG",
@@ -54,7 +60,9 @@ async def send_with(
         reconsume_times=reconsume_times,
         max_reconsume_times=max_reconsume_times,
     )
-    cmd = RemotingCommand(code=RequestCode.SEND_MESSAGE, ext_fields=header.to_fields(), body=body)
+    cmd = RemotingCommand(
+        code=RequestCode.SEND_MESSAGE, ext_fields=header.to_fields(), body=body, version=version
+    )
     return await broker.call(cmd)
 
 

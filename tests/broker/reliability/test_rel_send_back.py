@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import pytest
 from broker_harness import Harness, running_broker
 from rel_harness import FAST_LEVELS, first_stored, send_back, send_with, wait_for_messages
 
+from tidemq.broker.handlers.send_back import redirect_exhausted
 from tidemq.protocol.codes import ResponseCode
-from tidemq.protocol.message import SCHEDULE_TOPIC_XXXX
+from tidemq.protocol.message import SCHEDULE_TOPIC_XXXX, encode_properties, is_true_text
+from tidemq.store.types import MessageToStore
 
 
 @pytest.fixture
@@ -65,6 +68,30 @@ async def test_reaching_max_reconsume_times_goes_to_the_dlq(broker: Harness) -> 
     assert dead.property_map()["RETRY_TOPIC"] == "TopicR"
 
 
+async def test_max_reconsume_times_header_ignored_before_v3_4_9(broker: Harness) -> None:
+    await broker.send("TopicR", b"x")
+    original = await first_stored(broker, "TopicR")
+    # Version 120 (< V3_4_9 = 121): the header's 0 is not honoured, the group's 16 is.
+    response = await send_back(broker, original.physical_offset, max_reconsume_times=0, version=120)
+    assert response.code == 0
+    [retried], _ = await wait_for_messages(broker, "%RETRY%CG")
+    assert retried.reconsume_times == 1
+    assert broker.app.topics.get("%DLQ%CG") is None
+    # A direct send to the retry topic likewise.
+    sent = await send_with(
+        broker, "%RETRY%CG", b"y", {}, reconsume_times=3, max_reconsume_times=1, version=120
+    )
+    assert sent.code == 0
+    assert broker.app.store.max_offset("%RETRY%CG", 0) >= 1
+    assert broker.app.topics.get("%DLQ%CG") is None
+    # From 121 on it is.
+    sent = await send_with(
+        broker, "%RETRY%CG", b"z", {}, reconsume_times=3, max_reconsume_times=1, version=121
+    )
+    assert sent.code == 0
+    assert (await first_stored(broker, "%DLQ%CG")).body == b"z"
+
+
 async def test_group_retry_max_times_applies_without_header(broker: Harness) -> None:
     await send_with(broker, "TopicR", b"x", {}, reconsume_times=0)
     original = await first_stored(broker, "TopicR")
@@ -94,3 +121,45 @@ async def test_direct_send_to_retry_topic_past_the_limit_goes_to_the_dlq(broker:
     assert ok.code == 0
     [retried], _ = await wait_for_messages(broker, "%RETRY%CG")
     assert retried.body == b"soon"
+
+
+async def test_redirect_exhausted_leaves_its_argument_alone(broker: Harness) -> None:
+    message = MessageToStore(
+        topic="%RETRY%CG",
+        queue_id=1,
+        body=b"x",
+        flag=0,
+        properties=encode_properties({"DELAY": "3"}),
+        sys_flag=0,
+        born_timestamp=1,
+        born_host=("127.0.0.1", 1),
+        store_host=("127.0.0.1", 2),
+        reconsume_times=5,
+    )
+    before = dataclasses.replace(message)
+    redirected = redirect_exhausted(message, 1, broker.app.groups, broker.app.topics)
+    assert (redirected.topic, redirected.queue_id) == ("%DLQ%CG", 0)
+    assert "DELAY" not in redirected.properties
+    assert message == before
+
+
+def test_one_lenient_flag_parser() -> None:
+    assert [is_true_text(v) for v in ("true", " TRUE ", "1", "false", "0", "yes", "", None)] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+        False,
+    ]
+
+
+async def test_send_back_with_an_illegal_group_name_creates_nothing(broker: Harness) -> None:
+    await broker.send("TopicR", b"x")
+    original = await first_stored(broker, "TopicR")
+    response = await send_back(broker, original.physical_offset, group="C@G")
+    assert response.code == ResponseCode.SYSTEM_ERROR
+    assert broker.app.groups.get("C@G") is None
+    assert broker.app.topics.get("%RETRY%C@G") is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tx_harness import TOPIC, World
+from tx_harness import GROUP, TOPIC, World, user_message
 
 from tidemq.broker.transaction import half as hm
 from tidemq.broker.transaction.resolution import TransactionBusy, TransactionForgotten
@@ -180,3 +180,34 @@ def test_load_half_refuses_other_records(world: World) -> None:
     assert world.resolver.load_half(10**9) is None
     assert isinstance(world.resolver.load_half(put.physical_offset), rec.StoredMessage)
     assert real.topic == TOPIC
+
+
+@pytest.mark.parametrize(
+    ("properties", "parking_topic"),
+    [
+        ({"DELAY": "2"}, "SCHEDULE_TOPIC_XXXX"),
+        ({"TIMER_DELAY_SEC": "60"}, "rmq_sys_timer_"),
+    ],
+)
+def test_committed_delayed_message_is_parked_and_repaired(
+    tmp_path: Path, clock: FakeClock, properties: dict[str, str], parking_topic: str
+) -> None:
+    w = World(tmp_path, clock, delays=True)
+    try:
+        put = w.resolver.prepare(user_message(b"later", properties=properties), GROUP)
+        half = w.half_at(put.physical_offset)
+        result = w.resolver.end(half, TxInput.COMMIT)
+        assert result.stored is not None
+        assert w.real_messages() == []  # not delivered before its time
+        parked = rec.decode_record(w.store.read_record(result.stored.physical_offset) or b"")
+        assert parked.topic.startswith(parking_topic)
+        assert parked.prepared_transaction_offset == put.physical_offset
+        # A second transaction committed before a crash that lost its op message.
+        put2 = w.resolver.prepare(user_message(b"lost-op", properties=properties), GROUP)
+        half2 = w.half_at(put2.physical_offset)
+        assert w.store.put_message(w.resolver._routed(hm.to_real_message(half2))).ok
+        w.restart()
+        assert w.ledger.state(hm.origin_of(half2)) is TxState.COMMITTED
+        assert w.resolver.end(half2, TxInput.COMMIT).duplicate
+    finally:
+        w.close()

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from tidemq.broker.offsets import ConsumerOffsetTable
+from tidemq.broker.schedule import DelayRouter
+from tidemq.broker.timer import TimerWheel
 from tidemq.broker.transaction import half as hm
 from tidemq.broker.transaction.check_back import CheckBackConfig, CheckBackService
 from tidemq.broker.transaction.resolution import TransactionLedger, TransactionResolver
@@ -77,6 +79,8 @@ class World:
     producers: dict[str, list[FakeProducer]] = field(default_factory=dict)
     # Set to make the store refuse puts (disk full), after advancing the clock by 1 s.
     disk_full: bool = False
+    # Route committed messages as the send path does (delay levels and the timer wheel).
+    delays: bool = False
 
     def __post_init__(self) -> None:
         self.open()
@@ -94,8 +98,15 @@ class World:
         self.ledger = TransactionLedger(
             in_flight_max=self.in_flight_max, outcomes_max=self.outcomes_max
         )
+        router = None
+        if self.delays:
+            config_dir = self.root / "store" / "config"
+            self.timer = TimerWheel(self.store, self.clock, config_dir)
+            router = DelayRouter(
+                (1_000, 5_000), self.clock, timer=self.timer, timer_max_delay_ms=86_400_000
+            ).route
         self.resolver = TransactionResolver(
-            self.store, self.ledger, self.stats, self.clock, STORE_HOST
+            self.store, self.ledger, self.stats, self.clock, STORE_HOST, route=router
         )
         self.resolver.rebuild(self.offsets)
         self.checker = CheckBackService(

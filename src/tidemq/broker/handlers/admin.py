@@ -40,7 +40,7 @@ from tidemq.protocol.headers import (
     GetTopicStatsInfoRequestHeader,
 )
 from tidemq.protocol.headers_admin import TOPIC_FILTER_MULTI_TAG, TOPIC_FILTER_SINGLE_TAG
-from tidemq.protocol.message import TBW102, Perm, is_system_topic, validate_topic
+from tidemq.protocol.message import TBW102, Perm, is_system_topic, validate_group, validate_topic
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.store.message_store import FileMessageStore
@@ -161,6 +161,7 @@ class AdminHandlers:
     ) -> RemotingCommand:
         header = GetConsumeStatsRequestHeader.from_fields(request.ext_fields)
         group = header.consumer_group
+        validate_group(group)  # the offset table's keys need legal names
         topics = [header.topic] if header.topic else sorted(self._offsets.topics_of_group(group))
         table: dict[MessageQueue, OffsetWrapper] = {}
         for topic in topics:

@@ -10,6 +10,7 @@ SUBSCRIPTION_PARSE_FAILED, before anything is registered.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Final
 
 from tidemq.broker.clients import ClientChannel, ClientRegistry, QueueLockTable
@@ -24,6 +25,7 @@ from tidemq.protocol.bodies import (
     HeartbeatData,
     LockBatchRequestBody,
     LockBatchResponseBody,
+    MessageQueue,
     UnlockBatchRequestBody,
 )
 from tidemq.protocol.codes import RequestCode, ResponseCode
@@ -32,7 +34,7 @@ from tidemq.protocol.headers import (
     GetConsumerListByGroupRequestHeader,
     UnregisterClientRequestHeader,
 )
-from tidemq.protocol.message import validate_group
+from tidemq.protocol.message import validate_group, validate_topic
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 
@@ -155,7 +157,8 @@ class ClientHandlers:
 
     async def lock_batch(self, connection: Connection, request: RemotingCommand) -> RemotingCommand:
         body = LockBatchRequestBody.from_json(request.body)
-        held = self._locks.lock_batch(body.consumer_group, body.mq_set, body.client_id)
+        _validate_queues(body.consumer_group, body.mq_set)
+        held = self._locks.lock_batch(body.consumer_group, body.mq_set, body.client_id, connection)
         return request.response(
             ResponseCode.SUCCESS,
             body=LockBatchResponseBody(lock_ok_mq_set=frozenset(held)).to_json(),
@@ -165,5 +168,13 @@ class ClientHandlers:
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand:
         body = UnlockBatchRequestBody.from_json(request.body)
+        _validate_queues(body.consumer_group, body.mq_set)
         self._locks.unlock_batch(body.consumer_group, body.mq_set, body.client_id)
         return request.response(ResponseCode.SUCCESS)
+
+
+def _validate_queues(group: str, queues: Iterable[MessageQueue]) -> None:
+    """Raise ProtocolError (answered SYSTEM_ERROR) for an illegal group or topic name."""
+    validate_group(group)
+    for mq in queues:
+        validate_topic(mq.topic)

@@ -11,14 +11,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final
 
 from tidemq.errors import ProtocolError
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import Handler
+from tidemq.store.types import PutStatus
 
 log = logging.getLogger("tidemq.broker.handlers")
+
+# Store refusals → response codes (§4.1 "Store errors map to response codes"); one table for every
+# handler that stores (send, end transaction).
+PUT_STATUS_CODES: Final = {
+    PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
+}
 
 
 @dataclass(slots=True)

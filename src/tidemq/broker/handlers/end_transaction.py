@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.handlers.common import Refusal, guarded
+from tidemq.broker.handlers.common import PUT_STATUS_CODES, Refusal, guarded
 from tidemq.broker.transaction.resolution import TransactionForgotten, TransactionResolver
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput
 from tidemq.protocol.codes import RequestCode, ResponseCode
@@ -31,7 +31,6 @@ from tidemq.protocol.headers import EndTransactionRequestHeader
 from tidemq.protocol.message import PGROUP, SysFlag
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
-from tidemq.store.types import PutStatus
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +38,6 @@ _INPUTS: Final = {
     SysFlag.TRANSACTION_NOT: TxInput.UNKNOWN,
     SysFlag.COMMIT: TxInput.COMMIT,
     SysFlag.ROLLBACK: TxInput.ROLLBACK,
-}
-_PUT_STATUS_CODES: Final = {
-    PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
-    PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
-    PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
-    PutStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
 }
 
 WaitFlushed = Callable[[int], Awaitable[bool]]
@@ -106,7 +99,7 @@ class EndTransactionHandler:
             ) from None
         if result.failure is not None:
             raise Refusal(
-                _PUT_STATUS_CODES.get(result.failure.status, ResponseCode.SYSTEM_ERROR),
+                PUT_STATUS_CODES.get(result.failure.status, ResponseCode.SYSTEM_ERROR),
                 f"{tx_input.value} not stored: {result.failure.status.value} "
                 f"{result.failure.error}".rstrip(),
             )

@@ -4,12 +4,18 @@ QUERY_CONSUMER_OFFSET for a group with no stored offset answers 0 when the queue
 offset 0 (or is empty or unknown), so a new group on a young topic consumes from the beginning as
 it does against Java; otherwise QUERY_NOT_FOUND (22), and the client applies its
 consumeFromWhere. Every message counts as "in memory" here (Java also requires that).
+
+Commits are checked at this edge (names validated, the topic must exist, queueId below its queue
+count) and the offset is clamped to the queue's [min, max]: the table is persisted and read back
+by every consumer of the group, so one bad client must not be able to grow it or rewind others
+past the log's start or beyond its end.
 """
 
 from __future__ import annotations
 
-from tidemq.broker.handlers.common import guarded
+from tidemq.broker.handlers.common import Refusal, guarded
 from tidemq.broker.offsets import ConsumerOffsetTable
+from tidemq.broker.topics import TopicTable
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
@@ -22,6 +28,7 @@ from tidemq.protocol.headers import (
     SearchOffsetRequestHeader,
     UpdateConsumerOffsetRequestHeader,
 )
+from tidemq.protocol.message import validate_group, validate_topic
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.store.message_store import FileMessageStore
@@ -29,10 +36,29 @@ from tidemq.store.message_store import FileMessageStore
 NOT_FOUND_REMARK = "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first"
 
 
+def commit_clamped(
+    store: FileMessageStore,
+    offsets: ConsumerOffsetTable,
+    group: str,
+    topic: str,
+    queue_id: int,
+    offset: int,
+) -> bool:
+    """Commit `offset` clamped to the queue's [min, max] (names and queue id already checked)."""
+    if offset < 0:
+        return offsets.commit(group, topic, queue_id, offset)  # ignored there, and logged
+    offset_min = store.min_offset(topic, queue_id)
+    offset_max = store.max_offset(topic, queue_id)
+    return offsets.commit(group, topic, queue_id, min(max(offset, offset_min), offset_max))
+
+
 class OffsetHandlers:
-    def __init__(self, store: FileMessageStore, offsets: ConsumerOffsetTable) -> None:
+    def __init__(
+        self, store: FileMessageStore, offsets: ConsumerOffsetTable, topics: TopicTable
+    ) -> None:
         self._store = store
         self._offsets = offsets
+        self._topics = topics
 
     def register(self, table: HandlerTable) -> None:
         table.register(RequestCode.QUERY_CONSUMER_OFFSET, guarded(self.query_consumer_offset))
@@ -46,6 +72,8 @@ class OffsetHandlers:
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand:
         header = QueryConsumerOffsetRequestHeader.from_fields(request.ext_fields)
+        validate_topic(header.topic)
+        validate_group(header.consumer_group)
         offset = self._offsets.query(header.consumer_group, header.topic, header.queue_id)
         if offset is None:
             if self._store.min_offset(header.topic, header.queue_id) > 0:
@@ -59,8 +87,24 @@ class OffsetHandlers:
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand:
         header = UpdateConsumerOffsetRequestHeader.from_fields(request.ext_fields)
-        self._offsets.commit(
-            header.consumer_group, header.topic, header.queue_id, header.commit_offset
+        validate_topic(header.topic)
+        validate_group(header.consumer_group)
+        topic_config = self._topics.get(header.topic)
+        if topic_config is None:
+            raise Refusal(ResponseCode.TOPIC_NOT_EXIST, f"topic[{header.topic}] not exist")
+        queue_nums = max(topic_config.read_queue_nums, topic_config.write_queue_nums)
+        if not 0 <= header.queue_id < queue_nums:
+            raise Refusal(
+                ResponseCode.SYSTEM_ERROR,
+                f"queueId[{header.queue_id}] is illegal, topic[{header.topic}] has {queue_nums}",
+            )
+        commit_clamped(
+            self._store,
+            self._offsets,
+            header.consumer_group,
+            header.topic,
+            header.queue_id,
+            header.commit_offset,
         )
         return request.response(ResponseCode.SUCCESS)
 

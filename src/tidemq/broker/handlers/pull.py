@@ -34,9 +34,11 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.broker.filter import FilterRefused, SubscriptionFilter, build_filter
 from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.common import Refusal, guarded
+from tidemq.broker.handlers.offsets import commit_clamped
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.pull_hold import PullHoldService
 from tidemq.broker.topics import TopicTable
+from tidemq.errors import ProtocolError
 from tidemq.limits import PULL_MESSAGE_COUNT_MAX
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
@@ -45,7 +47,7 @@ from tidemq.protocol.headers import (
     PullMessageResponseHeader,
     PullSysFlag,
 )
-from tidemq.protocol.message import Perm
+from tidemq.protocol.message import Perm, validate_group, validate_topic
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.store.message_store import FileMessageStore
@@ -111,7 +113,12 @@ class PullHandler:
     async def handle(
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand | None:
-        header = PullMessageRequestHeader.from_fields(request.ext_fields)
+        try:
+            header = PullMessageRequestHeader.from_fields(request.ext_fields)
+        except ProtocolError as exc:
+            # No usable header: still answer with the four fields (zeros), as for any refusal.
+            fields = PullMessageResponseHeader(next_begin_offset=0, min_offset=0, max_offset=0)
+            raise Refusal(ResponseCode.SYSTEM_ERROR, str(exc), fields.to_fields()) from None
         try:
             tag_filter = self._check(connection, header)
         except Refusal as exc:
@@ -121,8 +128,13 @@ class PullHandler:
         first = self._evaluate(header, tag_filter)
         flags = header.sys_flag
         if flags & PullSysFlag.COMMIT_OFFSET and self._config.is_master:
-            self._offsets.commit(
-                header.consumer_group, header.topic, header.queue_id, header.commit_offset
+            commit_clamped(
+                self._store,
+                self._offsets,
+                header.consumer_group,
+                header.topic,
+                header.queue_id,
+                header.commit_offset,
             )
         if first.code != _NOT_FOUND or not flags & PullSysFlag.SUSPEND:
             return self._response(request, first)
@@ -139,6 +151,7 @@ class PullHandler:
             header.queue_offset,
             timeout_ms,
             lambda event: _arrival_matches(tag_filter, event),
+            connection,
         )
         if connection.closed:
             return None
@@ -152,7 +165,12 @@ class PullHandler:
                 ResponseCode.NO_PERMISSION,
                 f"the broker[{self._config.broker_name}] pulling message is forbidden",
             )
-        group = self._groups.find_or_create(header.consumer_group)
+        try:
+            validate_topic(header.topic)
+            validate_group(header.consumer_group)
+        except ProtocolError as exc:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, str(exc)) from None
+        group = self._groups.lookup(header.consumer_group)  # pulls create no groups
         if group is None:
             raise Refusal(
                 ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
@@ -242,7 +260,7 @@ class PullHandler:
         try:
             min_offset = self._store.min_offset(header.topic, header.queue_id)
             max_offset = self._store.max_offset(header.topic, header.queue_id)
-        except Exception:  # an unknown queue id must not turn a clean refusal into a crash
+        except OSError:  # a consume-queue file that cannot be read must not hide the refusal
             min_offset = max_offset = 0
         return PullMessageResponseHeader(
             next_begin_offset=header.queue_offset, min_offset=min_offset, max_offset=max_offset

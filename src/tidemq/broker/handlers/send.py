@@ -25,13 +25,12 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from typing import Final
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.flush import FlushService
 from tidemq.broker.groups import SubscriptionGroupTable
-from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
-from tidemq.broker.handlers.send_back import redirect_exhausted
+from tidemq.broker.handlers.common import PUT_STATUS_CODES, BrokerAddress, Refusal, guarded
+from tidemq.broker.handlers.send_back import header_max_reconsume_times, redirect_exhausted
 from tidemq.broker.schedule import DelayRefused, DelayRouter
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction.resolution import TransactionBusy, TransactionResolver
@@ -56,27 +55,16 @@ from tidemq.protocol.message import (
     group_of_retry_topic,
     inflate,
     is_system_topic,
+    is_true_text,
     offset_msg_id,
     validate_topic,
 )
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.store.message_store import FileMessageStore
-from tidemq.store.types import MessageToStore, PutResult, PutStatus
+from tidemq.store.types import MessageToStore, PutResult
 
 log = logging.getLogger(__name__)
-
-# Store refusals → response codes (§4.1 "Store errors map to response codes").
-_PUT_STATUS_CODES: Final = {
-    PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
-    PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
-    PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
-    PutStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
-}
-
-
-def _is_true(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in ("true", "1")
 
 
 class SendHandler:
@@ -143,10 +131,10 @@ class SendHandler:
             ]
         if is_batch:
             results = self._store.put_messages(messages)
-        elif _is_true(properties.get(TRAN_MSG)):
+        elif is_true_text(properties.get(TRAN_MSG)):
             results = [self._prepare(messages[0], header.producer_group)]
         else:
-            results = [self._store.put_message(self._park(messages[0], header))]
+            results = [self._store.put_message(self._park(messages[0], header, request.version))]
         return await self._answer(request, header, queue_id, results)
 
     # -- checks ------------------------------------------------------------------------------
@@ -221,7 +209,7 @@ class SendHandler:
 
     def _check_single(self, body: bytes, properties: dict[str, str]) -> None:
         self._check_size(len(body))
-        if _is_true(properties.get(TRAN_MSG)):
+        if is_true_text(properties.get(TRAN_MSG)):
             if self._config.reject_transaction_message:
                 raise Refusal(
                     ResponseCode.NO_PERMISSION,
@@ -234,10 +222,11 @@ class SendHandler:
                     "transactional messages are not supported by this broker",
                 )
 
-    def _park(self, message: MessageToStore, header: SendMessageRequestHeader) -> MessageToStore:
-        message = redirect_exhausted(
-            message, header.max_reconsume_times, self._groups, self._topics
-        )
+    def _park(
+        self, message: MessageToStore, header: SendMessageRequestHeader, version: int
+    ) -> MessageToStore:
+        max_times = header_max_reconsume_times(header.max_reconsume_times, version)
+        message = redirect_exhausted(message, max_times, self._groups, self._topics)
         if self._delays is None:
             return message
         try:
@@ -290,7 +279,7 @@ class SendHandler:
         messages: list[MessageToStore] = []
         for item in items:
             props = decode_properties(item.properties)
-            if _is_true(props.get(TRAN_MSG)) or props.get(DELAY, "0").strip() not in ("", "0"):
+            if is_true_text(props.get(TRAN_MSG)) or props.get(DELAY, "0").strip() not in ("", "0"):
                 raise Refusal(
                     ResponseCode.MESSAGE_ILLEGAL,
                     "transactional or delayed messages are not allowed in a batch",
@@ -324,21 +313,23 @@ class SendHandler:
     ) -> RemotingCommand:
         failed = next((r for r in results if not r.ok), None)
         if failed is not None:
-            code = _PUT_STATUS_CODES.get(failed.status, ResponseCode.SYSTEM_ERROR)
+            code = PUT_STATUS_CODES.get(failed.status, ResponseCode.SYSTEM_ERROR)
             raise Refusal(
                 code,
                 f"store refused the message to {header.topic}: {failed.status.value} "
                 f"{failed.error}".rstrip(),
             )
-        msg_ids = ",".join(
-            offset_msg_id(self._address.host, self._address.port, r.physical_offset)
-            for r in results
-        )
+        host, port = self._address.host, self._address.port
+        if len(results) == 1:
+            msg_ids = offset_msg_id(host, port, results[0].physical_offset)
+            end = results[0].physical_offset + results[0].size
+        else:
+            msg_ids = ",".join(offset_msg_id(host, port, r.physical_offset) for r in results)
+            end = max(r.physical_offset + r.size for r in results)
         fields = SendMessageResponseHeader(
             msg_id=msg_ids, queue_id=queue_id, queue_offset=results[0].queue_offset
         ).to_fields()
-        end = max(r.physical_offset + r.size for r in results)
-        if not await self._flush.wait_flushed(end):
+        if self._flush.sync and not await self._flush.wait_flushed(end):
             return request.response(
                 ResponseCode.FLUSH_DISK_TIMEOUT,
                 fields,

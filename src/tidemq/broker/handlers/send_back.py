@@ -15,6 +15,7 @@ reconsumeTimes has reached it (§4.1 step 5): `redirect_exhausted` sends it to t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from typing import Final
@@ -23,11 +24,12 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.broker.flush import FlushService
 from tidemq.broker.groups import SubscriptionGroupConfig, SubscriptionGroupTable
 from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
+from tidemq.broker.restore import message_from_stored
 from tidemq.broker.schedule import DelayRefused, DelayRouter
 from tidemq.broker.topics import PERM_DEFAULT, TopicTable
 from tidemq.errors import CorruptRecordError
 from tidemq.protocol import record as rec
-from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.codes import VERSION_V3_4_9, RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import ConsumerSendMsgBackRequestHeader
 from tidemq.protocol.message import (
@@ -41,6 +43,7 @@ from tidemq.protocol.message import (
     encode_properties,
     group_of_retry_topic,
     offset_msg_id,
+    validate_group,
 )
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
@@ -57,6 +60,15 @@ DLQ_QUEUE_NUMS: Final = 1
 
 def retry_limit(group: SubscriptionGroupConfig, from_request: int | None) -> int:
     return from_request if from_request is not None and from_request >= 0 else group.retry_max_times
+
+
+def header_max_reconsume_times(max_reconsume_times: int | None, version: int) -> int | None:
+    """The header's maxReconsumeTimes, honoured only from clients that send it on purpose.
+
+    RocketMQ reads it only from V3_4_9 (121) on; older clients leave it unset or at a default
+    that must not override the group's retryMaxTimes.
+    """
+    return max_reconsume_times if version >= VERSION_V3_4_9 else None
 
 
 def redirect_exhausted(
@@ -76,10 +88,9 @@ def redirect_exhausted(
     props = decode_properties(message.properties)
     props.pop(DELAY, None)
     log.info("%s: reconsumeTimes %d, to the DLQ", message.topic, message.reconsume_times)
-    message.topic = dlq.topic_name
-    message.queue_id = 0
-    message.properties = encode_properties(props)
-    return message
+    return dataclasses.replace(
+        message, topic=dlq.topic_name, queue_id=0, properties=encode_properties(props)
+    )
 
 
 class SendBackHandler:
@@ -109,6 +120,7 @@ class SendBackHandler:
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand | None:
         header = ConsumerSendMsgBackRequestHeader.from_fields(request.ext_fields)
+        validate_group(header.group)  # send-back may create the group: only legal names
         if not Perm.is_writable(self._config.broker_permission):
             raise Refusal(
                 ResponseCode.NO_PERMISSION,
@@ -142,7 +154,8 @@ class SendBackHandler:
             )
         times = original.reconsume_times
         delay_level = header.delay_level
-        if times >= retry_limit(group, header.max_reconsume_times) or delay_level < 0:
+        max_times = header_max_reconsume_times(header.max_reconsume_times, request.version)
+        if times >= retry_limit(group, max_times) or delay_level < 0:
             topic = self._topics.ensure(dlq_topic(header.group), DLQ_QUEUE_NUMS, PERM_DEFAULT)
             queue_id = 0
             delay_level = 0
@@ -156,15 +169,11 @@ class SendBackHandler:
         else:
             props.pop(DELAY, None)
         props[RECONSUME_TIME] = str(times + 1)
-        message = MessageToStore(
+        message = message_from_stored(
+            original,
             topic=topic.topic_name,
             queue_id=queue_id,
-            body=original.body,
-            flag=original.flag,
-            properties=encode_properties(props),
-            sys_flag=original.sys_flag,
-            born_timestamp=original.born_timestamp,
-            born_host=original.born_host,
+            properties=props,
             store_host=(self._address.host, self._address.port),
             reconsume_times=times + 1,
         )

@@ -5,6 +5,8 @@ One pass, every transactionCheckInterval:
     half queue, from the CID_RMQ_SYS_TRANS offset to its end *as the pass began*
       │ for each record:
       ├─ not the newest record of a pending transaction ─▶ skip (resolved, or a stale copy)
+      ├─ a Spark sink half (__SPARKTXN#) ─▶ resolved from the batch records (batch.py), never
+      │                                 checked back; one that must wait is rewritten when old
       ├─ TRANSACTION_CHECK_TIMES >= transactionCheckMax, or older than fileReservedTime
       │                                 ─▶ discard: TRANS_CHECK_MAX_TIME_TOPIC + op DISCARD
       ├─ younger than CHECK_IMMUNITY_TIME_IN_SECONDS (else transactionTimeOut)
@@ -39,6 +41,7 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.service import PeriodicService
 from tidemq.broker.transaction import half as hm
+from tidemq.broker.transaction.batch import SinkBatchResolver
 from tidemq.broker.transaction.resolution import (
     SCAN_BATCH_MAX,
     TransactionResolver,
@@ -101,6 +104,7 @@ class PassReport:
     discarded: int = 0
     rewritten: int = 0
     left: int = 0
+    resolved_sink: int = 0
     capped: bool = False
     half_offset: int = 0
     op_offset: int = 0
@@ -114,8 +118,11 @@ class CheckBackService:
         offsets: ConsumerOffsetTable,
         producers: ProducerConnections,
         clock: Clock,
+        sink_batches: SinkBatchResolver | None = None,
     ) -> None:
         self.config = config
+        # Spark sink halves are resolved from their batch records, never checked back.
+        self._sink_batches = sink_batches
         self._resolver = resolver
         self._store = resolver.store
         self._ledger = resolver.ledger
@@ -186,6 +193,8 @@ class CheckBackService:
                 return True
             age_ms = now_ms - half.store_timestamp
             check_times = hm.check_times_of(half)
+            if self._sink_batches is not None and self._sink_batches.owns(half):
+                return self._visit_sink_half(half, now_ms, age_ms, check_times, report)
             if check_times >= self.config.check_max or age_ms > self.config.file_reserved_ms:
                 log.warning(
                     "discarding transaction %d of %s (checked %d times, %d ms old)",
@@ -219,6 +228,32 @@ class CheckBackService:
         except ProtocolError as exc:
             log.error("skipping malformed half message %d: %s", half.queue_offset, exc)
             return True
+
+    def _visit_sink_half(
+        self,
+        half: rec.StoredMessage,
+        now_ms: int,
+        age_ms: int,
+        check_times: int,
+        report: PassReport,
+    ) -> bool:
+        """A Spark sink half: resolved from the batch records (batch.py). One that must wait
+        pins the offset while young, then is rewritten at the queue's end each pass, as a long
+        immunity is, so an idle query's orphans do not stall compaction for hours."""
+        assert self._sink_batches is not None
+        decided = self._sink_batches.decide_orphan(half, now_ms)
+        if decided is None:
+            return False
+        if decided:
+            report.resolved_sink += 1
+            return True
+        if age_ms < self.config.timeout_ms:
+            report.left += 1
+            return False
+        if self._resolver.put_back(half, check_times) is None:
+            return False
+        report.rewritten += 1
+        return True
 
     def _forget_removed(self) -> None:
         """Retention removed half records: their transactions can no longer be committed."""

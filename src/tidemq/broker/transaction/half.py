@@ -32,6 +32,7 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+from tidemq.broker.restore import message_from_stored
 from tidemq.errors import ProtocolError
 from tidemq.protocol import record as rec
 from tidemq.protocol.message import (
@@ -51,6 +52,7 @@ from tidemq.protocol.message import (
     decode_properties,
     encode_properties,
 )
+from tidemq.store.dispatch import TAGS_CODE_PROPERTY
 from tidemq.store.types import MessageToStore
 
 HALF_TOPIC: Final = RMQ_SYS_TRANS_HALF_TOPIC
@@ -61,8 +63,6 @@ HALF_QUEUE_ID: Final = 0
 OP_TAG: Final = "d"
 # TideMQ's op-message property naming the outcome (private: "__" prefix as the store's own).
 OUTCOME_PROPERTY: Final = "__TXOUTCOME#"
-# The store's private property of an explicit tags code (store/dispatch.py).
-_TAGS_CODE_PROPERTY: Final = "__TAGSCODE#"
 # An op body lists at most this many offsets (a batch op message; larger bodies are refused).
 OP_BODY_OFFSETS_MAX: Final = 4_096
 
@@ -76,7 +76,7 @@ HALF_ONLY_PROPERTIES: Final = frozenset(
         TRAN_PREPARED_QUEUE_OFFSET,
         CHECK_IMMUNITY_TIME_IN_SECONDS,
         CRC32_PROPERTY,
-        _TAGS_CODE_PROPERTY,
+        TAGS_CODE_PROPERTY,
     }
 )
 
@@ -87,11 +87,6 @@ class Outcome(enum.Enum):
     COMMIT = "COMMIT"
     ROLLBACK = "ROLLBACK"
     DISCARD = "DISCARD"
-
-
-def is_true(value: str | None) -> bool:
-    """TRAN_MSG as the clients send it: "true" (Java, C++), leniently "1" and any case."""
-    return value is not None and value.strip().lower() in ("true", "1")
 
 
 def to_half_message(msg: MessageToStore, producer_group: str) -> MessageToStore:
@@ -156,35 +151,22 @@ def to_real_message(half: rec.StoredMessage) -> MessageToStore:
     """The committed real message rebuilt from a half record (see the module docstring)."""
     topic, queue_id = real_destination(half)
     props = {k: v for k, v in half.property_map().items() if k not in HALF_ONLY_PROPERTIES}
-    return MessageToStore(
+    return message_from_stored(
+        half,
         topic=topic,
         queue_id=queue_id,
-        body=half.body,
-        flag=half.flag,
-        properties=encode_properties(props),
+        properties=props,
         sys_flag=SysFlag.with_transaction_type(half.sys_flag, SysFlag.COMMIT),
-        born_timestamp=half.born_timestamp,
-        born_host=half.born_host,
-        store_host=half.store_host,
-        reconsume_times=half.reconsume_times,
         prepared_transaction_offset=half.physical_offset,
     )
 
 
 def _half_copy(half: rec.StoredMessage, props: dict[str, str], topic: str) -> MessageToStore:
-    props.pop(CRC32_PROPERTY, None)
-    props.pop(_TAGS_CODE_PROPERTY, None)
-    return MessageToStore(
+    return message_from_stored(
+        half,
         topic=topic,
         queue_id=HALF_QUEUE_ID,
-        body=half.body,
-        flag=half.flag,
-        properties=encode_properties(props),
-        sys_flag=half.sys_flag,
-        born_timestamp=half.born_timestamp,
-        born_host=half.born_host,
-        store_host=half.store_host,
-        reconsume_times=half.reconsume_times,
+        properties=props,
         # The first store time travels with every copy: ages count from the prepare.
         store_timestamp=half.store_timestamp,
     )

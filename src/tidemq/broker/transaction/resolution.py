@@ -34,18 +34,27 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
 from tidemq.broker.offsets import ConsumerOffsetTable
+from tidemq.broker.schedule import DelayRefused
+from tidemq.broker.timer import TIMER_TOPIC_PREFIX
 from tidemq.broker.transaction import half as hm
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput, TxState, apply
 from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.clock import Clock
 from tidemq.errors import CorruptRecordError, ProtocolError
 from tidemq.protocol import record as rec
-from tidemq.protocol.message import KEYS, PGROUP, TRANS_CHECK_GROUP, UNIQ_KEY, SysFlag
+from tidemq.protocol.message import (
+    KEYS,
+    PGROUP,
+    SCHEDULE_TOPIC_XXXX,
+    TRANS_CHECK_GROUP,
+    UNIQ_KEY,
+    SysFlag,
+)
 from tidemq.store.message_store import FileMessageStore
 from tidemq.store.types import GetStatus, MessageToStore, PutResult
 
@@ -246,12 +255,19 @@ class TransactionResolver:
         stats: TransactionStats,
         clock: Clock,
         store_host: tuple[str, int],
+        *,
+        route: Callable[[MessageToStore], MessageToStore] | None = None,
     ) -> None:
         self.store = store
         self.ledger = ledger
         self.stats = stats
         self._clock = clock
         self._store_host = store_host
+        # Called with each new half record (the Spark sink's batch index, batch.py).
+        self.prepare_listeners: list[Callable[[rec.StoredMessage], None]] = []
+        # The send path's DelayRouter.route: a committed message with DELAY or TIMER_* is
+        # parked like any other send, not delivered at once.
+        self._route = route
 
     def set_store_host(self, store_host: tuple[str, int]) -> None:
         """The advertised address is known only once the server is bound (port 0)."""
@@ -270,8 +286,11 @@ class TransactionResolver:
         if result.ok:
             data = self.store.read_record(result.physical_offset)
             assert data is not None
-            self.ledger.track(pending_of(rec.decode_record(data), TxState.PREPARED))
+            half = rec.decode_record(data)
+            self.ledger.track(pending_of(half, TxState.PREPARED))
             self.stats.prepared += 1
+            for listener in self.prepare_listeners:
+                listener(half)
         return result
 
     def load_half(self, commit_log_offset: int) -> rec.StoredMessage | None:
@@ -314,7 +333,7 @@ class TransactionResolver:
             return EndResult(self.ledger.apply(origin, tx_input))
         stored = None
         if tx_input is TxInput.COMMIT:
-            stored = self.store.put_message(hm.to_real_message(half))
+            stored = self.store.put_message(self._routed(hm.to_real_message(half)))
             if not stored.ok:
                 return EndResult(state, failure=stored)
             outcome = hm.Outcome.COMMIT
@@ -330,6 +349,16 @@ class TransactionResolver:
         else:
             self.stats.rolled_back += 1
         return EndResult(new, stored=stored)
+
+    def _routed(self, real: MessageToStore) -> MessageToStore:
+        if self._route is None:
+            return real
+        try:
+            return self._route(real)
+        except DelayRefused as exc:
+            # The half was accepted; losing the commit would be worse than delivering early.
+            log.warning("committed message to %s delivered at once: %s", real.topic, exc)
+            return real
 
     def _put_op(self, origin: int, outcome: hm.Outcome) -> PutResult:
         op = hm.op_message(
@@ -425,8 +454,17 @@ class TransactionResolver:
         uniq = half.property_map().get(UNIQ_KEY)
         if not uniq:
             return False
+        # A committed message with a delay sits in a parking topic until due (then in the
+        # real topic): the index is per topic, so look in each place it can be.
+        parking = [t for t in self.store.topics_and_queues() if t.startswith(TIMER_TOPIC_PREFIX)]
+        for topic in (entry.real_topic, SCHEDULE_TOPIC_XXXX, *parking):
+            if self._repair_from(entry, topic, uniq):
+                return True
+        return False
+
+    def _repair_from(self, entry: PendingHalf, topic: str, uniq: str) -> bool:
         for found in self.store.query_by_key(
-            entry.real_topic, uniq, REPAIR_CANDIDATES_MAX, entry.first_store_ms, _FOREVER_MS
+            topic, uniq, REPAIR_CANDIDATES_MAX, entry.first_store_ms, _FOREVER_MS
         ):
             real = rec.decode_record(found)
             if SysFlag.transaction_type(real.sys_flag) != SysFlag.COMMIT:

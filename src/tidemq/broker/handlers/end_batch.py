@@ -1,0 +1,120 @@
+"""TIDEMQ_END_BATCH (10003, TideMQ-private): the Spark sink driver ends one batch on this broker.
+
+    header sinkId, batchId, commitOrRollback (8 COMMIT, 12 ROLLBACK, as END_TRANSACTION)
+    body   JSON {"txns": ["<partition>/<attempt>", ...]} (at most BATCH_TXNS_MAX)
+
+    slave? ─▶ SLAVE_NOT_AVAILABLE
+    malformed header or body ─▶ SYSTEM_ERROR naming what is wrong
+    batch.py SinkBatchResolver.end_batch: record first, then resolve the batch's halves
+        contradiction (COMMIT of rolled-back txns, ROLLBACK of a committed batch)
+            ─▶ TRANSACTION_FAILED with the reason
+        store refused ─▶ the put status's code
+    SYNC_FLUSH ─▶ the record and committed messages are awaited (FLUSH_DISK_TIMEOUT when late)
+    SUCCESS, ext: alreadyCommitted (true|false), committed, rolledBack (halves resolved now)
+
+One call per broker and batch: atomic on this broker, not across brokers (ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import orjson
+
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.handlers.common import Refusal, guarded
+from tidemq.broker.transaction.batch import (
+    BATCH_TXNS_MAX,
+    BatchOutcome,
+    BatchRefused,
+    SinkBatchResolver,
+)
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.headers import EndBatchRequestHeader
+from tidemq.protocol.message import SysFlag
+from tidemq.remoting.connection import Connection
+from tidemq.remoting.handlers import HandlerTable
+from tidemq.store.types import PutStatus
+
+log = logging.getLogger(__name__)
+
+_OUTCOMES: Final = {SysFlag.COMMIT: BatchOutcome.COMMIT, SysFlag.ROLLBACK: BatchOutcome.ROLLBACK}
+_PUT_STATUS_CODES: Final = {
+    PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+}
+
+WaitFlushed = Callable[[int], Awaitable[bool]]
+
+
+def parse_txns(body: bytes | None) -> frozenset[str]:
+    """The body's txn ids. Raises Refusal (SYSTEM_ERROR) naming the problem."""
+    try:
+        data = orjson.loads(body or b"{}")
+        txns = data["txns"]
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        raise Refusal(
+            ResponseCode.SYSTEM_ERROR, f'the body is not {{"txns": [...]}}: {exc}'
+        ) from None
+    if not isinstance(txns, list) or not all(isinstance(t, str) and t for t in txns):
+        raise Refusal(ResponseCode.SYSTEM_ERROR, "txns must be a list of non-empty strings")
+    if len(txns) > BATCH_TXNS_MAX:
+        raise Refusal(ResponseCode.SYSTEM_ERROR, f"more than {BATCH_TXNS_MAX} txns in one batch")
+    return frozenset(txns)
+
+
+class EndBatchHandler:
+    def __init__(
+        self, config: BrokerConfig, batches: SinkBatchResolver, wait_flushed: WaitFlushed
+    ) -> None:
+        self._config = config
+        self._batches = batches
+        self._wait_flushed = wait_flushed
+
+    def register(self, table: HandlerTable) -> None:
+        table.register(RequestCode.TIDEMQ_END_BATCH, guarded(self.handle))
+
+    async def handle(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand | None:
+        if not self._config.is_master:
+            raise Refusal(
+                ResponseCode.SLAVE_NOT_AVAILABLE, "the broker is a slave: end batch is forbidden"
+            )
+        header = EndBatchRequestHeader.from_fields(request.ext_fields)
+        outcome = _OUTCOMES.get(header.commit_or_rollback)
+        if outcome is None:
+            raise Refusal(
+                ResponseCode.SYSTEM_ERROR,
+                f"commitOrRollback {header.commit_or_rollback} is not 8 or 12",
+            )
+        if "/" in header.sink_id or header.batch_id < 0:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, "sinkId may not hold '/'; batchId >= 0")
+        txns = parse_txns(request.body)
+        try:
+            result = self._batches.end_batch(header.sink_id, header.batch_id, outcome, txns)
+        except BatchRefused as exc:
+            raise Refusal(ResponseCode.TRANSACTION_FAILED, str(exc)) from None
+        if result.failure is not None:
+            raise Refusal(
+                _PUT_STATUS_CODES.get(result.failure.status, ResponseCode.SYSTEM_ERROR),
+                f"end batch not stored: {result.failure.status.value} "
+                f"{result.failure.error}".rstrip(),
+            )
+        log.debug("end batch %s/%d %s: %s", header.sink_id, header.batch_id, outcome.value, result)
+        fields = {
+            "alreadyCommitted": "true" if result.already_committed else "false",
+            "committed": str(result.committed),
+            "rolledBack": str(result.rolled_back),
+        }
+        if result.durable_end and not await self._wait_flushed(result.durable_end):
+            return request.response(
+                ResponseCode.FLUSH_DISK_TIMEOUT,
+                fields,
+                remark=f"ended, but not flushed within {self._config.sync_flush_timeout_ms} ms",
+            )
+        return request.response(ResponseCode.SUCCESS, fields)

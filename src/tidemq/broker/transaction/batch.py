@@ -1,0 +1,457 @@
+"""Batch-scoped ends of the exactly-once Spark sink: batch records, their index and the resolver.
+
+A Spark sink task sends half messages tagged with the property __SPARKTXN# =
+`<sinkId>/<batchId>/<partition>/<attempt>`; the driver ends the whole batch with one
+TIDEMQ_END_BATCH per broker (handlers/end_batch.py). The batch's *record* is what makes that call
+durable and idempotent, and it is stored BEFORE any half is acted on, so a crash mid-way is
+finished at restart (`rebuild`):
+
+    RMQ_SYS_TRANS_BATCH_TOPIC queue 0, one message per decision, body JSON:
+        {"sinkId": "...", "batchId": 7, "outcome": "COMMIT" | "ROLLBACK", "txns": ["0/0-ab", ...]}
+
+Per (sinkId, batchId) the index keeps the committed txn set (at most one COMMIT record) and the
+txns rolled back (ROLLBACK records; a later COMMIT of the same batch is accepted when it lists
+none of them, because a query restarted from its checkpoint replays an aborted batch under the
+same id with new attempts). END_BATCH then resolves every pending half of the batch through the
+ordinary resolver (resolution.py: state table, op messages, exactly once): COMMIT commits the
+listed txns and rolls back the rest; ROLLBACK rolls back every pending half of the batch. A
+repeated COMMIT stores nothing new and answers "already committed".
+
+Orphans (halves no END_BATCH resolved: failed attempts, writes landing after an abort) are never
+checked back with a producer (Spark executors cannot answer): the check-back service asks
+`decide_orphan`, which commits a half in its batch's committed set, rolls it back when the batch
+is committed without it, when its txn was rolled back, when a later batch of the same sink is
+recorded (micro-batches of one query are strictly ordered) or when it is older than the orphan
+timeout; otherwise it stays pending.
+
+Memory: the last BATCH_RECORDS_PER_SINK_MAX batches per sink, BATCH_SINKS_MAX sinks (LRU); the
+pending index holds one entry per live tagged half, so it is bounded by the ledger's
+in-flight limit. A batch forgotten from memory is still on disk: its orphans then wait for the
+orphan timeout, and a repeated COMMIT of it is no longer recognised as a repeat (its halves are
+resolved, so it commits nothing new either).
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Final
+
+import orjson
+
+from tidemq.broker.transaction import half as hm
+from tidemq.broker.transaction.resolution import (
+    TransactionForgotten,
+    TransactionResolver,
+    scan_queue,
+)
+from tidemq.broker.transaction.states import IllegalStateTransition, TxInput
+from tidemq.clock import Clock
+from tidemq.errors import ProtocolError
+from tidemq.protocol import record as rec
+from tidemq.protocol.message import KEYS, SPARK_TXN, encode_properties
+from tidemq.protocol.names import RMQ_SYS_TRANS_BATCH_TOPIC
+from tidemq.store.types import MessageToStore, PutResult
+
+log = logging.getLogger(__name__)
+
+BATCH_TOPIC: Final = RMQ_SYS_TRANS_BATCH_TOPIC
+BATCH_QUEUE_ID: Final = 0
+# Batch records remembered per sink: a query only ever replays its last batch, so a few suffice.
+BATCH_RECORDS_PER_SINK_MAX: Final = 16
+# Sinks remembered (LRU); each holds at most BATCH_RECORDS_PER_SINK_MAX records.
+BATCH_SINKS_MAX: Final = 1_024
+# Txn ids per END_BATCH (one per partition that succeeded): keeps one record well under the
+# 4 MiB message size limit (ids are ~20 bytes).
+BATCH_TXNS_MAX: Final = 65_536
+
+
+class BatchOutcome(enum.Enum):
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+
+
+@dataclass(frozen=True, slots=True)
+class SparkTxn:
+    """What a tagged half message belongs to: `txn` is "<partition>/<attempt>"."""
+
+    sink_id: str
+    batch_id: int
+    txn: str
+
+
+def parse_spark_txn(text: str) -> SparkTxn:
+    """Parse an __SPARKTXN# value. Raises ProtocolError when it is not sink/batch/part/attempt."""
+    parts = text.split("/")
+    if len(parts) != 4 or not all(parts) or not parts[1].isdigit():
+        raise ProtocolError(f"{SPARK_TXN} is not sinkId/batchId/partition/attempt: {text[:80]!r}")
+    return SparkTxn(parts[0], int(parts[1]), f"{parts[2]}/{parts[3]}")
+
+
+def spark_txn_of(half: rec.StoredMessage) -> SparkTxn | None:
+    """The tag of a half message; None for an ordinary transaction. Raises ProtocolError."""
+    text = half.property_map().get(SPARK_TXN)
+    return None if text is None else parse_spark_txn(text)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    sink_id: str
+    batch_id: int
+    outcome: BatchOutcome
+    txns: frozenset[str]
+
+
+def encode_batch_record(record: BatchRecord) -> bytes:
+    return orjson.dumps(
+        {
+            "sinkId": record.sink_id,
+            "batchId": record.batch_id,
+            "outcome": record.outcome.value,
+            "txns": sorted(record.txns),
+        }
+    )
+
+
+def decode_batch_record(body: bytes) -> BatchRecord:
+    """Raises ProtocolError for anything but a record as `encode_batch_record` writes it."""
+    try:
+        data = orjson.loads(body)
+        record = BatchRecord(
+            sink_id=data["sinkId"],
+            batch_id=data["batchId"],
+            outcome=BatchOutcome(data["outcome"]),
+            txns=frozenset(data["txns"]),
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed batch record: {exc}") from None
+    if not isinstance(record.sink_id, str) or not isinstance(record.batch_id, int):
+        raise ProtocolError("malformed batch record: sinkId or batchId")
+    if not all(isinstance(txn, str) for txn in record.txns):
+        raise ProtocolError("malformed batch record: txns")
+    return record
+
+
+def batch_record_message(
+    record: BatchRecord, *, store_host: tuple[str, int], now_ms: int
+) -> MessageToStore:
+    return MessageToStore(
+        topic=BATCH_TOPIC,
+        queue_id=BATCH_QUEUE_ID,
+        body=encode_batch_record(record),
+        flag=0,
+        properties=encode_properties({KEYS: record.sink_id}),
+        sys_flag=0,
+        born_timestamp=now_ms,
+        born_host=store_host,
+        store_host=store_host,
+    )
+
+
+@dataclass(slots=True)
+class BatchState:
+    """What the records say about one batch."""
+
+    committed: frozenset[str] | None = None
+    rolled_back: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _SinkHistory:
+    batches: collections.OrderedDict[int, BatchState] = field(
+        default_factory=collections.OrderedDict
+    )
+    batch_max: int = -1
+
+
+class BatchIndex:
+    """Batch records (bounded, see the module docstring) and the pending tagged halves."""
+
+    def __init__(
+        self,
+        *,
+        records_per_sink_max: int = BATCH_RECORDS_PER_SINK_MAX,
+        sinks_max: int = BATCH_SINKS_MAX,
+    ) -> None:
+        assert records_per_sink_max > 0
+        assert sinks_max > 0
+        self.records_per_sink_max = records_per_sink_max
+        self.sinks_max = sinks_max
+        self._sinks: collections.OrderedDict[str, _SinkHistory] = collections.OrderedDict()
+        self._pending: dict[tuple[str, int], dict[int, str]] = {}
+        self._batch_of: dict[int, tuple[str, int]] = {}
+
+    @property
+    def sinks(self) -> int:
+        return len(self._sinks)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._batch_of)
+
+    def apply(self, record: BatchRecord) -> None:
+        history = self._sinks.get(record.sink_id)
+        if history is None:
+            history = self._sinks[record.sink_id] = _SinkHistory()
+            while len(self._sinks) > self.sinks_max:
+                self._sinks.popitem(last=False)
+        self._sinks.move_to_end(record.sink_id)
+        history.batch_max = max(history.batch_max, record.batch_id)
+        state = history.batches.setdefault(record.batch_id, BatchState())
+        if record.outcome is BatchOutcome.COMMIT:
+            state.committed = record.txns
+        else:
+            state.rolled_back |= record.txns
+        while len(history.batches) > self.records_per_sink_max:
+            history.batches.popitem(last=False)
+
+    def state(self, sink_id: str, batch_id: int) -> BatchState | None:
+        history = self._sinks.get(sink_id)
+        return None if history is None else history.batches.get(batch_id)
+
+    def batch_max(self, sink_id: str) -> int:
+        """The highest batch id recorded for the sink (-1 when none is remembered)."""
+        history = self._sinks.get(sink_id)
+        return -1 if history is None else history.batch_max
+
+    def track(self, origin: int, tag: SparkTxn) -> None:
+        key = (tag.sink_id, tag.batch_id)
+        self._pending.setdefault(key, {})[origin] = tag.txn
+        self._batch_of[origin] = key
+
+    def forget(self, origin: int) -> None:
+        key = self._batch_of.pop(origin, None)
+        if key is None:
+            return
+        pending = self._pending.get(key)
+        if pending is not None:
+            pending.pop(origin, None)
+            if not pending:
+                del self._pending[key]
+
+    def pending(self, sink_id: str, batch_id: int) -> dict[int, str]:
+        """origin → txn of the batch's halves not known to be resolved (a copy)."""
+        return dict(self._pending.get((sink_id, batch_id), {}))
+
+    def pending_batches(self) -> list[tuple[str, int]]:
+        return list(self._pending)
+
+
+class BatchRefused(Exception):
+    """The END_BATCH contradicts the batch's records (the remark says how)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEndResult:
+    already_committed: bool = False
+    committed: int = 0
+    rolled_back: int = 0
+    durable_end: int = 0  # commit-log end to await for durability (SYNC_FLUSH)
+    failure: PutResult | None = None
+
+
+class SinkBatchResolver:
+    """Applies END_BATCH decisions and answers the check-back service about orphans."""
+
+    def __init__(
+        self,
+        resolver: TransactionResolver,
+        clock: Clock,
+        *,
+        orphan_timeout_ms: int,
+        index: BatchIndex | None = None,
+    ) -> None:
+        assert orphan_timeout_ms > 0
+        self._resolver = resolver
+        self._store = resolver.store
+        self._clock = clock
+        self.orphan_timeout_ms = orphan_timeout_ms
+        self.index = index if index is not None else BatchIndex()
+        self._store_host: tuple[str, int] = ("127.0.0.1", 0)
+
+    def set_store_host(self, store_host: tuple[str, int]) -> None:
+        self._store_host = store_host
+
+    # -- halves ---------------------------------------------------------------------------------
+
+    def on_prepare(self, half: rec.StoredMessage) -> None:
+        """A half message was stored: index it when it is tagged."""
+        try:
+            tag = spark_txn_of(half)
+        except ProtocolError as exc:
+            log.warning("half message %d: %s", half.queue_offset, exc)
+            return
+        if tag is not None:
+            self.index.track(hm.origin_of(half), tag)
+
+    # -- END_BATCH ------------------------------------------------------------------------------
+
+    def end_batch(
+        self, sink_id: str, batch_id: int, outcome: BatchOutcome, txns: frozenset[str]
+    ) -> BatchEndResult:
+        """Record the decision (unless it repeats one), then resolve the batch's pending halves.
+
+        Raises BatchRefused when the decision contradicts the records.
+        """
+        state = self.index.state(sink_id, batch_id)
+        what = f"batch {batch_id} of sink {sink_id}"
+        if outcome is BatchOutcome.COMMIT:
+            if state is not None and state.committed is not None:
+                if txns != state.committed:
+                    log.warning("%s committed again with other txns; the record holds", what)
+                result = self._finish(sink_id, batch_id)
+                return BatchEndResult(
+                    already_committed=True,
+                    committed=result.committed,
+                    rolled_back=result.rolled_back,
+                    durable_end=result.durable_end,
+                    failure=result.failure,
+                )
+            if state is not None and txns & state.rolled_back:
+                raise BatchRefused(
+                    f"COMMIT refused: {what} was rolled back, including "
+                    f"{sorted(txns & state.rolled_back)[:5]}"
+                )
+            record = BatchRecord(sink_id, batch_id, outcome, txns)
+        else:
+            if state is not None and state.committed is not None:
+                raise BatchRefused(f"ROLLBACK refused: {what} is already committed")
+            targets = txns | frozenset(self.index.pending(sink_id, batch_id).values())
+            if state is not None and targets <= state.rolled_back:
+                return self._finish(sink_id, batch_id)
+            record = BatchRecord(sink_id, batch_id, outcome, targets)
+        put = self._store.put_message(
+            batch_record_message(record, store_host=self._store_host, now_ms=self._clock.now_ms())
+        )
+        if not put.ok:
+            return BatchEndResult(failure=put)
+        self.index.apply(record)
+        result = self._finish(sink_id, batch_id)
+        return BatchEndResult(
+            committed=result.committed,
+            rolled_back=result.rolled_back,
+            durable_end=max(result.durable_end, put.physical_offset + put.size),
+            failure=result.failure,
+        )
+
+    def _finish(self, sink_id: str, batch_id: int) -> BatchEndResult:
+        """Resolve the pending halves of a recorded batch as its records say."""
+        committed = rolled_back = durable_end = 0
+        for origin, txn in self.index.pending(sink_id, batch_id).items():
+            tx_input = self._decision(sink_id, batch_id, txn, None)
+            if tx_input is None:
+                continue
+            entry = self._resolver.ledger.pending(origin)
+            half = None if entry is None else self._resolver.load_half(entry.physical_offset)
+            if half is None:
+                self.index.forget(origin)
+                continue
+            outcome = self._resolve(half, tx_input)
+            if outcome is None:
+                continue
+            if outcome.failure is not None:
+                return BatchEndResult(failure=outcome.failure)
+            if tx_input is TxInput.COMMIT:
+                committed += 1
+            else:
+                rolled_back += 1
+            if outcome.stored is not None:
+                durable_end = max(durable_end, outcome.stored.physical_offset + outcome.stored.size)
+        return BatchEndResult(committed=committed, rolled_back=rolled_back, durable_end=durable_end)
+
+    def _decision(
+        self, sink_id: str, batch_id: int, txn: str, age_ms: int | None
+    ) -> TxInput | None:
+        """COMMIT, ROLLBACK or None (leave pending) for one half, from the records alone."""
+        state = self.index.state(sink_id, batch_id)
+        if state is not None and state.committed is not None:
+            return TxInput.COMMIT if txn in state.committed else TxInput.ROLLBACK
+        if state is not None and txn in state.rolled_back:
+            return TxInput.ROLLBACK
+        if self.index.batch_max(sink_id) > batch_id:
+            return TxInput.ROLLBACK
+        if age_ms is not None and age_ms >= self.orphan_timeout_ms:
+            return TxInput.ROLLBACK
+        return None
+
+    def _resolve(self, half: rec.StoredMessage, tx_input: TxInput) -> ResolveOutcome | None:
+        origin = hm.origin_of(half)
+        try:
+            result = self._resolver.end(half, tx_input)
+        except (IllegalStateTransition, TransactionForgotten) as exc:
+            log.error("sink half %d not resolved (%s): %s", origin, tx_input.value, exc)
+            self.index.forget(origin)
+            return None
+        if result.failure is not None:
+            return ResolveOutcome(failure=result.failure)
+        self.index.forget(origin)
+        return ResolveOutcome(stored=result.stored)
+
+    # -- orphans (check-back) -------------------------------------------------------------------
+
+    def owns(self, half: rec.StoredMessage) -> bool:
+        """Whether `half` is a sink half (resolved here, never checked back)."""
+        return SPARK_TXN in half.property_map()
+
+    def decide_orphan(self, half: rec.StoredMessage, now_ms: int) -> bool | None:
+        """Resolve a sink half nobody ended, if the records allow.
+
+        Returns True when resolved, False when it must stay pending, None when the store
+        refused the write (try again next pass).
+        """
+        try:
+            tag = spark_txn_of(half)
+        except ProtocolError as exc:
+            log.error("sink half %d: %s; rolling it back", half.queue_offset, exc)
+            tx_input: TxInput | None = TxInput.ROLLBACK
+        else:
+            assert tag is not None
+            self.index.track(hm.origin_of(half), tag)
+            age_ms = now_ms - half.store_timestamp
+            tx_input = self._decision(tag.sink_id, tag.batch_id, tag.txn, age_ms)
+        if tx_input is None:
+            return False
+        outcome = self._resolve(half, tx_input)
+        if outcome is not None and outcome.failure is not None:
+            return None
+        log.info("orphan sink half %d: %s", half.queue_offset, tx_input.value)
+        return True
+
+    # -- start ----------------------------------------------------------------------------------
+
+    def rebuild(self) -> None:
+        """Read the batch records, index the pending tagged halves, and finish every recorded
+        batch that still has pending halves (a crash between a record and its resolutions)."""
+        start = self._store.min_offset(BATCH_TOPIC, BATCH_QUEUE_ID)
+        end = self._store.max_offset(BATCH_TOPIC, BATCH_QUEUE_ID)
+        records = 0
+        # The batch topic has one queue, 0, as the half topic's (scan_queue reads queue 0).
+        for message in scan_queue(self._store, BATCH_TOPIC, start, end):
+            try:
+                self.index.apply(decode_batch_record(message.body))
+                records += 1
+            except ProtocolError as exc:
+                log.warning("skipping batch record at %d: %s", message.queue_offset, exc)
+        for entry in self._resolver.ledger.pending_list():
+            half = self._resolver.load_half(entry.physical_offset)
+            if half is not None:
+                self.on_prepare(half)
+        finished = 0
+        for sink_id, batch_id in self.index.pending_batches():
+            result = self._finish(sink_id, batch_id)
+            finished += result.committed + result.rolled_back
+        log.info(
+            "sink batches rebuilt: %d records, %d sinks, %d pending sink halves, %d finished",
+            records,
+            self.index.sinks,
+            self.index.pending_count,
+            finished,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveOutcome:
+    stored: PutResult | None = None
+    failure: PutResult | None = None

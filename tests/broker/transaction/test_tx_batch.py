@@ -1,0 +1,301 @@
+"""Batch-scoped ends of the Spark sink (batch.py, handlers/end_batch.py) over a real store.
+
+Covers: the record is stored before any half is resolved; commit of the listed halves and
+rollback of the rest; a repeated COMMIT stores nothing; ROLLBACK; COMMIT after ROLLBACK; the
+orphan rules of the check-back service; restart with a record written but halves unresolved;
+the memory limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import orjson
+import pytest
+from tx_harness import GROUP, TOPIC, FakeProducer, World
+
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.handlers.end_batch import EndBatchHandler
+from tidemq.broker.transaction import half as hm
+from tidemq.broker.transaction.batch import (
+    BATCH_TOPIC,
+    BatchIndex,
+    BatchOutcome,
+    BatchRecord,
+    SinkBatchResolver,
+    batch_record_message,
+    decode_batch_record,
+    parse_spark_txn,
+)
+from tidemq.broker.transaction.check_back import CheckBackConfig, CheckBackService
+from tidemq.broker.transaction.states import TxState
+from tidemq.clock import FakeClock
+from tidemq.errors import ProtocolError
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.headers import EndBatchRequestHeader
+from tidemq.protocol.message import SPARK_TXN
+from tidemq.remoting.connection import Connection
+from tidemq.remoting.handlers import HandlerTable
+from tidemq.store.types import PutResult
+
+COMMIT, ROLLBACK = 8, 12
+TIMEOUT_MS = 6_000
+ORPHAN_TIMEOUT_MS = 3_600_000
+SINK = "q-1"
+
+
+class Sink:
+    """The world plus its SinkBatchResolver and a check-back service that knows it."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.attach()
+
+    def attach(self) -> None:
+        world = self.world
+        self.batches = SinkBatchResolver(
+            world.resolver, world.clock, orphan_timeout_ms=ORPHAN_TIMEOUT_MS
+        )
+        world.resolver.prepare_listeners.append(self.batches.on_prepare)
+        self.batches.rebuild()
+        self.producer = FakeProducer("p1")
+        self.checker = CheckBackService(
+            CheckBackConfig(interval_ms=100, timeout_ms=TIMEOUT_MS),
+            world.resolver,
+            world.offsets,
+            lambda _group: [cast(Connection, self.producer)],
+            world.clock,
+            sink_batches=self.batches,
+        )
+
+    def restart(self) -> None:
+        self.world.restart()
+        self.attach()
+
+    def half(self, batch: int, txn: str, body: bytes | None = None, sink: str = SINK) -> PutResult:
+        tag = f"{sink}/{batch}/{txn}"
+        return self.world.prepare(body or tag.encode(), properties={SPARK_TXN: tag})
+
+    async def end(
+        self, batch: int, action: int, txns: list[str], sink: str = SINK
+    ) -> RemotingCommand:
+        table = HandlerTable()
+        flush_ends: list[int] = []
+
+        async def flushed(end: int) -> bool:
+            flush_ends.append(end)
+            return True
+
+        EndBatchHandler(BrokerConfig(), self.batches, flushed).register(table)
+        header = EndBatchRequestHeader(sink_id=sink, batch_id=batch, commit_or_rollback=action)
+        request = RemotingCommand(
+            code=RequestCode.TIDEMQ_END_BATCH,
+            ext_fields=header.to_fields(),
+            body=orjson.dumps({"txns": txns}),
+        )
+        run = table.get(RequestCode.TIDEMQ_END_BATCH)
+        assert run is not None
+        response = await run(cast(Connection, FakeProducer("driver")), request)
+        assert response is not None
+        return response
+
+    def visible(self) -> list[bytes]:
+        return sorted(m.body for m in self.world.real_messages())
+
+    def records(self) -> list[BatchRecord]:
+        return [decode_batch_record(m.body) for m in self.world.records(BATCH_TOPIC)]
+
+
+@pytest.fixture
+def sink(tmp_path: Path, clock: FakeClock) -> Iterator[Sink]:
+    world = World(tmp_path, clock)
+    yield Sink(world)
+    world.close()
+
+
+def test_txn_tag_parsing() -> None:
+    assert parse_spark_txn("q/3/1/0-ab").txn == "1/0-ab"
+    assert parse_spark_txn("q/3/1/0-ab").batch_id == 3
+    for bad in ("q/3/1", "q/x/1/0", "q//1/0", "a/1/2/3/4"):
+        with pytest.raises(ProtocolError, match="sinkId/batchId"):
+            parse_spark_txn(bad)
+
+
+async def test_commit_records_first_then_commits_listed_and_rolls_back_the_rest(
+    sink: Sink,
+) -> None:
+    sink.half(0, "0/0")
+    sink.half(0, "1/0")  # attempt 0 of partition 1 failed ...
+    sink.half(0, "1/1")  # ... and attempt 1 succeeded
+    sink.half(1, "0/0")  # the next batch: untouched
+    response = await sink.end(0, COMMIT, ["0/0", "1/1"])
+    assert response.code == ResponseCode.SUCCESS, response.remark
+    assert response.ext_fields["alreadyCommitted"] == "false"
+    assert (response.ext_fields["committed"], response.ext_fields["rolledBack"]) == ("2", "1")
+    assert sink.visible() == [b"q-1/0/0/0", b"q-1/0/1/1"]
+    (record,) = sink.records()
+    assert record == BatchRecord(SINK, 0, BatchOutcome.COMMIT, frozenset({"0/0", "1/1"}))
+    # The record precedes every op message it caused.
+    (record_message,) = sink.world.records(BATCH_TOPIC)
+    ops = sink.world.records(hm.OP_TOPIC)
+    assert len(ops) == 3
+    assert all(op.physical_offset > record_message.physical_offset for op in ops)
+    assert sink.world.ledger.in_flight == 1
+
+
+async def test_repeated_commit_stores_nothing_new(sink: Sink) -> None:
+    sink.half(0, "0/0")
+    assert (await sink.end(0, COMMIT, ["0/0"])).code == ResponseCode.SUCCESS
+    ends = sink.world.store.max_physical_offset
+    sink.half(0, "0/0-replay")  # a replayed batch after a driver crash sends again
+    again = await sink.end(0, COMMIT, ["0/0-replay"])
+    assert again.code == ResponseCode.SUCCESS
+    assert again.ext_fields["alreadyCommitted"] == "true"
+    assert again.ext_fields["rolledBack"] == "1"
+    assert sink.visible() == [b"q-1/0/0/0"]
+    assert len(sink.records()) == 1
+    # Only the replayed half's rollback op was written: no record, no real message.
+    (last_op,) = [o for o in sink.world.records(hm.OP_TOPIC) if o.physical_offset >= ends]
+    assert hm.outcome_of_op(last_op) is hm.Outcome.ROLLBACK
+    third = await sink.end(0, COMMIT, ["0/0"])
+    assert third.ext_fields["alreadyCommitted"] == "true"
+    assert sink.world.store.max_offset(hm.OP_TOPIC, 0) == 2
+
+
+async def test_rollback_rolls_back_every_pending_half_of_the_batch(sink: Sink) -> None:
+    sink.half(2, "0/0")
+    sink.half(2, "1/0")
+    sink.half(3, "0/0")
+    response = await sink.end(2, ROLLBACK, [])  # abort messages may all be None
+    assert response.code == ResponseCode.SUCCESS
+    assert response.ext_fields["rolledBack"] == "2"
+    assert sink.visible() == []
+    (record,) = sink.records()
+    assert record.outcome is BatchOutcome.ROLLBACK
+    assert record.txns == {"0/0", "1/0"}
+    repeat = await sink.end(2, ROLLBACK, ["0/0"])
+    assert repeat.code == ResponseCode.SUCCESS
+    assert len(sink.records()) == 1
+
+
+async def test_commit_after_rollback_is_refused_for_rolled_back_txns(sink: Sink) -> None:
+    sink.half(4, "0/0-a")
+    assert (await sink.end(4, ROLLBACK, [])).code == ResponseCode.SUCCESS
+    refused = await sink.end(4, COMMIT, ["0/0-a"])
+    assert refused.code == ResponseCode.TRANSACTION_FAILED
+    assert refused.remark is not None
+    assert "rolled back" in refused.remark
+    assert "COMMIT refused" in refused.remark
+    # The query restarted from its checkpoint replays batch 4 with new attempts: accepted.
+    sink.half(4, "0/0-b")
+    replay = await sink.end(4, COMMIT, ["0/0-b"])
+    assert replay.code == ResponseCode.SUCCESS, replay.remark
+    assert sink.visible() == [b"q-1/4/0/0-b"]
+    refused_rollback = await sink.end(4, ROLLBACK, [])
+    assert refused_rollback.code == ResponseCode.TRANSACTION_FAILED
+    assert refused_rollback.remark is not None
+    assert "already committed" in refused_rollback.remark
+
+
+async def test_malformed_requests_are_refused(sink: Sink) -> None:
+    assert (await sink.end(0, 0, [])).code == ResponseCode.SYSTEM_ERROR
+    assert (await sink.end(0, COMMIT, [""])).code == ResponseCode.SYSTEM_ERROR
+    assert (await sink.end(0, COMMIT, [], sink="a/b")).code == ResponseCode.SYSTEM_ERROR
+    assert sink.records() == []
+
+
+async def test_orphans_follow_the_batch_records(sink: Sink) -> None:
+    """Never checked back: committed if recorded, rolled back when the batch is recorded
+    without it or a later batch is, left pending otherwise."""
+    in_set = sink.half(5, "0/1")
+    sink.half(5, "0/0")  # orphan of a failed attempt
+    sink.half(6, "0/0")  # batch 6's halves, before batch 7 is recorded
+    waiting = sink.half(8, "0/0")  # no record yet for batch 8 or later
+    # Batch 5 recorded but (as after a crash) not yet acted on: drop what end_batch would do.
+    record = BatchRecord(SINK, 5, BatchOutcome.COMMIT, frozenset({"0/1"}))
+    sink.world.store.put_message(
+        batch_record_message(record, store_host=("127.0.0.1", 1), now_ms=0)
+    )
+    sink.batches.index.apply(record)
+    sink.batches.index.apply(BatchRecord(SINK, 7, BatchOutcome.COMMIT, frozenset()))
+    sink.world.clock.advance(TIMEOUT_MS)
+    report = await sink.checker.run_once()
+    assert report.resolved_sink == 3
+    assert report.checked == 0
+    assert sink.producer.sent == []
+    assert sink.visible() == [b"q-1/5/0/1"]
+    assert sink.world.ledger.state(hm.origin_of(sink.world.half_at(in_set.physical_offset))) is (
+        TxState.COMMITTED
+    )
+    # Batch 8 waits (rewritten at the queue's end so it does not pin the offset) ...
+    assert report.rewritten == 1
+    assert sink.world.ledger.in_flight == 1
+    assert report.half_offset > waiting.queue_offset
+    # ... until the orphan timeout.
+    sink.world.clock.advance(ORPHAN_TIMEOUT_MS)
+    report = await sink.checker.run_once()
+    assert report.resolved_sink == 1
+    assert sink.world.ledger.in_flight == 0
+    assert sink.visible() == [b"q-1/5/0/1"]
+    assert sink.producer.sent == []
+
+
+async def test_young_orphan_without_record_pins_the_offset(sink: Sink) -> None:
+    sink.half(0, "0/0")
+    report = await sink.checker.run_once()
+    assert (report.left, report.resolved_sink, report.half_offset) == (1, 0, 0)
+
+
+async def test_restart_finishes_a_recorded_batch(sink: Sink) -> None:
+    """A crash after the record and before the halves were resolved: the start finishes it."""
+    sink.half(9, "0/0")
+    sink.half(9, "1/0")
+    record = BatchRecord(SINK, 9, BatchOutcome.COMMIT, frozenset({"1/0"}))
+    sink.world.store.put_message(
+        batch_record_message(record, store_host=("127.0.0.1", 1), now_ms=0)
+    )
+    assert sink.visible() == []
+    sink.restart()
+    assert sink.visible() == [b"q-1/9/1/0"]
+    assert sink.world.ledger.in_flight == 0
+    repeat = await sink.end(9, COMMIT, ["1/0"])
+    assert repeat.ext_fields["alreadyCommitted"] == "true"
+    assert sink.visible() == [b"q-1/9/1/0"]
+
+
+async def test_restart_keeps_unrecorded_batches_pending(sink: Sink) -> None:
+    sink.half(3, "0/0")
+    sink.restart()
+    assert sink.world.ledger.in_flight == 1
+    response = await sink.end(3, COMMIT, ["0/0"])
+    assert response.ext_fields["committed"] == "1"
+    assert sink.visible() == [b"q-1/3/0/0"]
+
+
+def test_index_is_bounded() -> None:
+    index = BatchIndex(records_per_sink_max=2, sinks_max=2)
+    for batch in range(5):
+        index.apply(BatchRecord("a", batch, BatchOutcome.COMMIT, frozenset({"0/0"})))
+    assert index.state("a", 2) is None
+    assert index.state("a", 4) is not None
+    assert index.batch_max("a") == 4
+    index.apply(BatchRecord("b", 0, BatchOutcome.COMMIT, frozenset()))
+    index.apply(BatchRecord("a", 5, BatchOutcome.COMMIT, frozenset()))  # a is recent again
+    index.apply(BatchRecord("c", 0, BatchOutcome.COMMIT, frozenset()))
+    assert index.sinks == 2
+    assert index.batch_max("b") == -1  # least recently used sink forgotten
+    assert index.batch_max("a") == 5
+
+
+async def test_ordinary_transactions_are_still_checked_back(sink: Sink) -> None:
+    sink.world.prepare(b"plain")
+    sink.world.clock.advance(TIMEOUT_MS)
+    report = await sink.checker.run_once()
+    assert report.checked == 1
+    assert report.resolved_sink == 0
+    assert len(sink.producer.sent) == 1
+    assert sink.world.records(TOPIC, 1) == []
+    assert GROUP
