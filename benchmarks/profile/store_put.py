@@ -1,6 +1,6 @@
 """µs per put_message of a 1 KiB message on a real store in a temporary directory (no flush).
 
-Usage: python benchmarks/profile/store_put.py [COUNT] [--profile OUT]
+Usage: python benchmarks/profile/store_put.py [COUNT] [--batch N] [--profile OUT]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tidemq.store.types import MessageToStore
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("count", type=int, nargs="?", default=50_000)
+    parser.add_argument("--batch", type=int, default=1, help="put_messages of this many")
     parser.add_argument("--profile")
     args = parser.parse_args()
     body = os.urandom(1024)
@@ -31,7 +32,7 @@ def main() -> None:
         messages = [
             MessageToStore(
                 topic="ProfileTopic",
-                queue_id=index % 8,
+                queue_id=index % 8 if args.batch == 1 else 0,
                 body=body,
                 flag=0,
                 properties=encode_properties(
@@ -48,14 +49,18 @@ def main() -> None:
         if profiler:
             profiler.enable()
         start = time.perf_counter()
-        for message in messages:
-            store.put_message(message)
+        if args.batch == 1:
+            for message in messages:
+                store.put_message(message)
+        else:
+            for first in range(0, args.count, args.batch):
+                store.put_messages(messages[first : first + args.batch])
         elapsed = time.perf_counter() - start
         if profiler:
             profiler.disable()
             profiler.dump_stats(args.profile)
         store.shutdown()
-    print(f"put_message: {elapsed / args.count * 1e6:.1f} µs per 1 KiB message")
+    print(f"put (batch {args.batch}): {elapsed / args.count * 1e6:.1f} µs per 1 KiB message")
 
 
 if __name__ == "__main__":

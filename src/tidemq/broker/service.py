@@ -63,12 +63,13 @@ class PeriodicService:
 
     async def _run(self) -> None:
         while True:
-            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that arrives as
-            # the event is set (trigger() then stop()), and stop() would wait a whole interval.
+            # asyncio.wait, which never cancels this task: on 3.11 wait_for swallows a stop()
+            # that arrives as trigger() sets the event (stop then waits a whole interval), and
+            # asyncio.timeout can leave its own expiry's cancel pending when the event wins.
+            waiter = asyncio.ensure_future(self._wake.wait())
             try:
-                async with asyncio.timeout(self._interval_s):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+                await asyncio.wait({waiter}, timeout=self._interval_s)
+            finally:
+                waiter.cancel()
             self._wake.clear()
             await self.run_once()

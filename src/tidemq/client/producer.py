@@ -49,8 +49,8 @@ from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
     CheckTransactionStateRequestHeader,
-    SendMessageRequestHeader,
     SendMessageResponseHeader,
+    send_fields_v2,
 )
 
 from .fault import FaultTracker, select_queue
@@ -424,20 +424,20 @@ class Producer:
         code: int,
         batch: bool,
     ) -> RemotingCommand:
-        header = SendMessageRequestHeader(
-            producer_group=self._group,
-            topic=topic,
-            default_topic=pm.TBW102,
-            default_topic_queue_nums=DEFAULT_TOPIC_QUEUES_PER_BROKER,
-            queue_id=queue.queue_id,
-            sys_flag=prepared.sys_flag,
-            born_timestamp=self._clock.now_ms(),
-            flag=0 if batch else prepared.flag,
-            properties=None if batch else pm.encode_properties(prepared.properties),
-            batch=batch,
-            broker_name=queue.broker_name,
+        fields = send_fields_v2(
+            self._group,
+            topic,
+            pm.TBW102,
+            DEFAULT_TOPIC_QUEUES_PER_BROKER,
+            queue.queue_id,
+            prepared.sys_flag,
+            self._clock.now_ms(),
+            0 if batch else prepared.flag,
+            None if batch else pm.encode_properties(prepared.properties),
+            batch,
+            queue.broker_name,
         )
-        return RemotingCommand(code=code, ext_fields=header.to_fields(v2=True), body=prepared.body)
+        return RemotingCommand(code=code, ext_fields=fields, body=prepared.body)
 
     async def _send_once(
         self,

@@ -74,6 +74,7 @@ from tidemq.protocol.headers_send import (
     PullSysFlag,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
+    send_fields_v2,
 )
 
 __all__ = [
@@ -129,4 +130,5 @@ __all__ = [
     "ViewMessageRequestHeader",
     "WipeWritePermOfBrokerRequestHeader",
     "WipeWritePermOfBrokerResponseHeader",
+    "send_fields_v2",
 ]

@@ -126,6 +126,41 @@ class SendMessageRequestHeader:
         )
 
 
+def send_fields_v2(
+    producer_group: str,
+    topic: str,
+    default_topic: str,
+    default_topic_queue_nums: int,
+    queue_id: int,
+    sys_flag: int,
+    born_timestamp: int,
+    flag: int,
+    properties: str | None,
+    batch: bool,
+    broker_name: str | None,
+) -> dict[str, str]:
+    """`SendMessageRequestHeader(...).to_fields(v2=True)` of a producer's send (reconsumeTimes
+    0, unitMode false, no maxReconsumeTimes), built without the header object: one per send."""
+    fields = {
+        "a": producer_group,
+        "b": topic,
+        "c": default_topic,
+        "d": str(default_topic_queue_nums),
+        "e": str(queue_id),
+        "f": str(sys_flag),
+        "g": str(born_timestamp),
+        "h": str(flag),
+    }
+    if properties is not None:
+        fields["i"] = properties
+    fields["j"] = "0"
+    fields["k"] = "false"
+    fields["m"] = "true" if batch else "false"
+    if broker_name is not None:
+        fields["n"] = broker_name
+    return fields
+
+
 _Send = TypeVar("_Send", bound=SendMessageRequestHeader)
 
 

@@ -26,11 +26,19 @@ from typing import Final, Self
 
 from tidemq.errors import ProtocolError
 from tidemq.protocol._fields import is_true_text
-from tidemq.protocol.message_batch import BatchItem, decode_batch, deflate, encode_batch, inflate
+from tidemq.protocol.message_batch import (
+    BatchItem,
+    decode_batch,
+    decode_batch_raw,
+    deflate,
+    encode_batch,
+    inflate,
+)
 from tidemq.protocol.message_id import (
     UniqueKeyGenerator,
     decode_offset_msg_id,
     offset_msg_id,
+    offset_msg_ids,
 )
 from tidemq.protocol.names import (
     BENCHMARK_TOPIC,
@@ -131,6 +139,7 @@ __all__ = [
     "TopicSysFlag",
     "UniqueKeyGenerator",
     "decode_batch",
+    "decode_batch_raw",
     "decode_offset_msg_id",
     "decode_properties",
     "deflate",
@@ -145,6 +154,7 @@ __all__ = [
     "is_true_text",
     "java_string_hash",
     "offset_msg_id",
+    "offset_msg_ids",
     "parse_tag_expression",
     "retry_topic",
     "tag_code",

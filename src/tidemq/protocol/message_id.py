@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import struct
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Final
 
@@ -28,6 +29,7 @@ from tidemq.errors import ProtocolError
 
 _PORT_OFFSET: Final = struct.Struct(">iq")
 assert _PORT_OFFSET.size == 12
+_PORT: Final = struct.Struct(">i")
 _UNIQ_PREFIX: Final = struct.Struct(">4sHI")
 assert _UNIQ_PREFIX.size == 10
 _UNIQ_SUFFIX: Final = struct.Struct(">IH")
@@ -43,6 +45,16 @@ def offset_msg_id(host: str, port: int, physical_offset: int) -> str:
         ProtocolError: `host` is not an IP address literal.
     """
     return (_packed_host(host) + _PORT_OFFSET.pack(port, physical_offset)).hex().upper()
+
+
+def offset_msg_ids(host: str, port: int, physical_offsets: Iterable[int]) -> list[str]:
+    """`offset_msg_id` of each offset (one host and port): the prefix is made once.
+
+    Raises:
+        ProtocolError: `host` is not an IP address literal.
+    """
+    prefix = (_packed_host(host) + _PORT.pack(port)).hex().upper()
+    return [f"{prefix}{offset:016X}" for offset in physical_offsets]
 
 
 @functools.lru_cache(maxsize=1024)  # one broker address per call site; parsing costs ~5 µs

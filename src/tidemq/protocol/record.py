@@ -132,7 +132,6 @@ def body_crc(body: bytes) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
-@functools.lru_cache(maxsize=256)
 @functools.lru_cache(maxsize=1024)  # a broker sees few distinct hosts; parsing one costs ~5 µs
 def pack_ipv4(host: str) -> bytes:
     """The 4 bytes stored for `host`; IPv6 loopback and v4-mapped addresses map to IPv4."""
@@ -175,6 +174,16 @@ def encoded_properties_size(properties: str) -> int:
     return size + _CRC_TAIL_LEN
 
 
+def properties_prefix(properties: str) -> bytes:
+    """The stored PROPERTIES bytes before the CRC digits: `properties` without any CRC pair,
+    separator-terminated, then `__CRC32#\x01` (its length plus CRC_DIGITS_LEN is PROPERTIESLENGTH).
+    """
+    text = strip_crc_property(properties)
+    if text and not text.endswith(PROPERTY_SEPARATOR):
+        text += PROPERTY_SEPARATOR
+    return text.encode() + _CRC_KEY_BYTES
+
+
 def encode_record(
     *,
     topic: str,
@@ -200,10 +209,7 @@ def encode_record(
     topic_bytes = topic.encode()
     if not 0 < len(topic_bytes) <= TOPIC_NAME_LENGTH_MAX:
         raise ProtocolError(f"topic length {len(topic_bytes)} outside 1..{TOPIC_NAME_LENGTH_MAX}")
-    text = strip_crc_property(properties)
-    if text and not text.endswith(PROPERTY_SEPARATOR):
-        text += PROPERTY_SEPARATOR
-    props_prefix = text.encode() + _CRC_KEY_BYTES
+    props_prefix = properties_prefix(properties)
     props_len = len(props_prefix) + CRC_DIGITS_LEN
     if props_len > MESSAGE_PROPERTIES_SIZE_MAX:
         raise MessageTooLargeError(

@@ -8,6 +8,11 @@ listed halves and rolls back the rest of the batch (broker/transaction/batch.py)
 ROLLBACK. Halves nobody ends (a failed attempt, a write landing after an abort, a driver that
 died) are resolved by the broker from its batch records, never by producer check-back.
 
+A batch write's abort is *final* (`abort_write_job`): its sink id is never replayed nor followed
+by a later batch, so the driver closes batch 0 on every master of the cluster even when no task
+reported (Spark kills the other tasks of a failed job; they may still be sending halves after
+the abort), and the brokers roll back every half of it, however late.
+
 Identities, and why:
 - sinkId: the query id (`sql.streaming.queryId`, stable across restarts from one checkpoint),
   prefixed by the user's `sinkId` option when given, so a reused name with a new checkpoint
@@ -15,8 +20,9 @@ Identities, and why:
 - attempt: Spark's attempt number plus a nonce made on the driver when the writer is built. A
   batch replayed after a restart runs attempt 0 again; the nonce keeps its halves apart from the
   first run's, so "commit the listed txns" can never publish a replay's rows twice.
-The writer Spark rebuilds for `commit`/`abort` has another nonce: those read the txns, the sink
-id and the topics from the tasks' commit messages only (spec §3.1).
+The writer Spark rebuilds for a streaming `commit`/`abort` has another nonce: those read the
+txns, the sink id and the topics from the tasks' commit messages only (spec §3.1). A batch
+write's `commit`/`abort` run on the tasks' own (pickled) writer, so its job id names the sink.
 
 Atomic per broker only: a batch spread over several brokers becomes visible broker by broker.
 """
@@ -218,17 +224,48 @@ def end_batch(
     if batch_id is not None and batch_id != task_batch:
         raise RuntimeError(f"tasks wrote batch {task_batch}, the driver ends batch {batch_id}")
     topics = sorted({t for m in done for t in m.topics})
+    admin = CLIENTS.get(options.name_server).admin
+    answers = send_end_batch(
+        admin,
+        master_addresses(admin, topics),
+        sink_id,
+        task_batch,
+        {"txns": sorted(m.txn for m in done)},
+        commit=commit,
+    )
+    logger.info(
+        "tidemq sink %s batch %d of %s: %d rows from %d tasks, brokers %s",
+        "committed" if commit else "rolled back",
+        task_batch,
+        sink_id,
+        sum(m.rows for m in done),
+        len(done),
+        answers,
+    )
+    return answers
+
+
+def send_end_batch(
+    admin: BlockingAdmin,
+    addrs: Sequence[str],
+    sink_id: str,
+    batch_id: int,
+    body: dict[str, object],
+    *,
+    commit: bool,
+) -> dict[str, dict[str, str]]:
+    """One TIDEMQ_END_BATCH per address; returns each broker's answer fields. Raises the
+    BrokerError of the first refusal."""
     header = EndBatchRequestHeader(
         sink_id=sink_id,
-        batch_id=task_batch,
+        batch_id=batch_id,
         commit_or_rollback=SysFlag.COMMIT if commit else SysFlag.ROLLBACK,
     )
-    body = orjson.dumps({"txns": sorted(m.txn for m in done)})
-    admin = CLIENTS.get(options.name_server).admin
+    encoded = orjson.dumps(body)
     answers: dict[str, dict[str, str]] = {}
-    for addr in master_addresses(admin, topics):
+    for addr in addrs:
         command = RemotingCommand(
-            code=RequestCode.TIDEMQ_END_BATCH, ext_fields=header.to_fields(), body=body
+            code=RequestCode.TIDEMQ_END_BATCH, ext_fields=header.to_fields(), body=encoded
         )
         # BlockingAdmin has no public raw-request method; its loop runs the remoting call.
         response = admin._run(
@@ -236,15 +273,36 @@ def end_batch(
         )
         if response.code != ResponseCode.SUCCESS:
             raise error_for_code(
-                response.code, f"END_BATCH of {sink_id}/{task_batch} at {addr}: {response.remark}"
+                response.code, f"END_BATCH of {sink_id}/{batch_id} at {addr}: {response.remark}"
             )
         answers[addr] = dict(response.ext_fields)
-    logger.info(
-        "tidemq sink %s batch %d of %s: %d rows from %d tasks, brokers %s",
-        "committed" if commit else "rolled back",
-        task_batch,
+    return answers
+
+
+def abort_write_job(
+    options: SinkOptions, messages: Sequence[WriterCommitMessage | None], job_id: str
+) -> dict[str, dict[str, str]]:
+    """Close batch 0 of a batch write's sink for good on every master of the cluster (the
+    module docstring says why), whether or not any task reported."""
+    sink_id = sink_id_of(options, None, job_id)
+    done = [m for m in messages if isinstance(m, EosCommitMessage)]
+    if any(m.sink_id != sink_id or m.batch_id != 0 for m in done):
+        raise RuntimeError(f"tasks wrote another sink than {sink_id}/0")
+    admin = CLIENTS.get(options.name_server).admin
+    addrs = sorted(
+        {b.master_addr for b in admin.cluster_info().broker_addr_table.values() if b.master_addr}
+    )
+    answers = send_end_batch(
+        admin,
+        addrs,
         sink_id,
-        sum(m.rows for m in done),
+        0,
+        {"txns": sorted(m.txn for m in done), "final": True},
+        commit=False,
+    )
+    logger.info(
+        "tidemq sink rolled back write %s for good (%d task messages), brokers %s",
+        sink_id,
         len(done),
         answers,
     )
@@ -266,7 +324,7 @@ class TideMQEosWriter(DataSourceArrowWriter):
         end_batch(self.options, messages, None, commit=True)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        end_batch(self.options, messages, None, commit=False)
+        abort_write_job(self.options, messages, self.job_id)
 
 
 class TideMQEosStreamWriter(DataSourceStreamArrowWriter):

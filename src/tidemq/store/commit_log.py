@@ -66,21 +66,30 @@ class CommitLog:
         Rolls to a new segment (after a blank marker) when it does not fit. The caller has
         checked `size + BLANK_MARKER_SIZE <= file_size`.
         """
-        assert size + rec.BLANK_MARKER_SIZE <= self.file_size
-        mf = self.files.last_file()
-        if mf is None:
-            mf = self.files.create_file(0)
-        elif mf.remaining < size + rec.BLANK_MARKER_SIZE:
-            if mf.remaining >= rec.BLANK_MARKER_SIZE:
-                mf.append(rec.encode_blank_marker(mf.remaining))
-            # The marker stands for the whole rest of the segment.
-            mf.wrote = mf.size
-            mf = self.files.create_file(mf.end_offset)
+        mf = self.segment_for(size)
         physical_offset = mf.start_offset + mf.wrote
         data = encode(physical_offset)
         assert len(data) == size
         mf.append(data)
         return physical_offset, data
+
+    def segment_for(self, size: int) -> MappedFile:
+        """The segment the next record of `size` bytes is written to, rolling over as `append`.
+
+        The caller writes records at its `wrote` position while they leave BLANK_MARKER_SIZE
+        bytes free, then lets the next call roll over.
+        """
+        assert size + rec.BLANK_MARKER_SIZE <= self.file_size
+        mf = self.files.last_file()
+        if mf is None:
+            return self.files.create_file(0)
+        if mf.remaining < size + rec.BLANK_MARKER_SIZE:
+            if mf.remaining >= rec.BLANK_MARKER_SIZE:
+                mf.append(rec.encode_blank_marker(mf.remaining))
+            # The marker stands for the whole rest of the segment.
+            mf.wrote = mf.size
+            mf = self.files.create_file(mf.end_offset)
+        return mf
 
     def _file_for(self, physical_offset: int) -> MappedFile | None:
         mf = self.files.find_file(physical_offset)

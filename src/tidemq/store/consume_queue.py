@@ -19,10 +19,12 @@ re-dispatching a record during recovery idempotent.
 from __future__ import annotations
 
 import enum
+import functools
+import itertools
 import logging
 import shutil
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -34,6 +36,16 @@ logger = logging.getLogger(__name__)
 CONSUME_QUEUE_ENTRY: Final = struct.Struct(">qiq")  # physical offset, size, tags code
 assert CONSUME_QUEUE_ENTRY.size == CONSUME_QUEUE_ENTRY_SIZE == 20
 _ENTRY = CONSUME_QUEUE_ENTRY_SIZE
+
+
+@functools.lru_cache(maxsize=256)
+def _entries_struct(count: int) -> struct.Struct:
+    """`count` consecutive entries, packed by one call (a batch's entries are written at once)."""
+    return struct.Struct(">" + "qiq" * count)
+
+
+# entries() reads the mapping this many bytes (128 entries) at a time.
+ENTRIES_READ_CHUNK_BYTES: Final = 128 * _ENTRY
 
 
 class PutAt(enum.Enum):
@@ -156,6 +168,22 @@ class ConsumeQueue:
             self._min_index = index
         return outcome
 
+    def put_run(self, index: int, entries: Sequence[tuple[int, int, int]]) -> None:
+        """`put_at` for consecutive queue offsets from `index`: one write when they append to
+        the current file, else entry by entry."""
+        last = self.files.last_file()
+        if (
+            last is not None
+            and index == self._max_index > self._min_index
+            and last.start_offset + last.wrote == index * _ENTRY
+            and last.wrote + len(entries) * _ENTRY <= last.size
+        ):
+            last.append(_entries_struct(len(entries)).pack(*itertools.chain(*entries)))
+            self._max_index = index + len(entries)
+            return
+        for n, (physical_offset, size, tags_code) in enumerate(entries):
+            self.put_at(index + n, physical_offset, size, tags_code)
+
     # --- read ---------------------------------------------------------------------------------
 
     def get(self, index: int) -> tuple[int, int, int] | None:
@@ -180,7 +208,8 @@ class ConsumeQueue:
                 index += 1
                 continue
             first = index * _ENTRY - mf.start_offset
-            last = min(mf.size, (stop * _ENTRY) - mf.start_offset)
+            # Read a chunk at a time: callers usually stop after a few dozen entries.
+            last = min(mf.size, (stop * _ENTRY) - mf.start_offset, first + ENTRIES_READ_CHUNK_BYTES)
             for phys, size, tags in CONSUME_QUEUE_ENTRY.iter_unpack(mf.read(first, last - first)):
                 if size > 0:
                     yield index, phys, size, tags

@@ -26,6 +26,7 @@ import logging
 import shutil
 import struct
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -71,19 +72,41 @@ class IndexFile:
 
     def put(self, key: str, physical_offset: int, store_ts_ms: int) -> None:
         assert not self.full
-        if self.count == 1:
-            self.begin_ts = store_ts_ms
-            self.begin_phys = physical_offset
-        h = key_hash(key)
-        slot_pos = INDEX_HEADER.size + (h % self.slot_count) * INDEX_SLOT.size
-        (previous,) = INDEX_SLOT.unpack_from(self.mf.mm, slot_pos)
-        diff_s = (store_ts_ms - self.begin_ts) // 1000
+        self.put_entries([(key, physical_offset, store_ts_ms)], 0)
+
+    def put_entries(self, entries: Sequence[tuple[str, int, int]], start: int) -> int:
+        """Put (key, physical offset, store time) entries from `start` until the file is full;
+        returns the index of the first entry not put. The header is written once, at the end."""
+        mm = self.mf.mm
+        slot_count = self.slot_count
+        entry_base = self._entry_pos(0)
+        unpack_slot, pack_slot = INDEX_SLOT.unpack_from, INDEX_SLOT.pack_into
+        pack_entry = INDEX_ENTRY.pack_into
         n = self.count
-        INDEX_ENTRY.pack_into(self.mf.mm, self._entry_pos(n), h, physical_offset, diff_s, previous)
-        INDEX_SLOT.pack_into(self.mf.mm, slot_pos, n)
-        self.count = n + 1
-        self.end_ts = max(self.end_ts, store_ts_ms)
-        self.end_phys = max(self.end_phys, physical_offset)
+        index = start
+        stop = len(entries)
+        while index < stop and n < self.entry_count:
+            key, physical_offset, store_ts_ms = entries[index]
+            if n == 1:
+                self.begin_ts = store_ts_ms
+                self.begin_phys = physical_offset
+            h = key_hash(key)
+            slot_pos = INDEX_HEADER.size + (h % slot_count) * INDEX_SLOT.size
+            (previous,) = unpack_slot(mm, slot_pos)
+            diff_s = (store_ts_ms - self.begin_ts) // 1000
+            pack_entry(mm, entry_base + n * INDEX_ENTRY.size, h, physical_offset, diff_s, previous)
+            pack_slot(mm, slot_pos, n)
+            n += 1
+            if store_ts_ms > self.end_ts:
+                self.end_ts = store_ts_ms
+            if physical_offset > self.end_phys:
+                self.end_phys = physical_offset
+            index += 1
+        self.count = n
+        self.write_header()
+        return index
+
+    def write_header(self) -> None:
         INDEX_HEADER.pack_into(
             self.mf.mm,
             0,
@@ -150,21 +173,31 @@ class IndexService:
         return True
 
     def put(self, key: str, physical_offset: int, store_ts_ms: int) -> None:
-        current = self.files[-1] if self.files else None
-        if current is None or current.full:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            size = IndexFile.file_size(self.slot_count, self.entry_count)
-            # Named by the first entry's offset; re-indexing after a crash may revisit offsets
-            # an older file already starts at, so keep names increasing.
-            name_offset = physical_offset
-            if current is not None:
-                name_offset = max(name_offset, current.mf.start_offset + 1)
-            path = self.directory / segment_name(name_offset)
-            current = IndexFile(
-                MappedFile.create(path, name_offset, size), self.slot_count, self.entry_count
-            )
-            self.files.append(current)
-        current.put(key, physical_offset, store_ts_ms)
+        self.put_many([(key, physical_offset, store_ts_ms)])
+
+    def put_many(self, entries: Sequence[tuple[str, int, int]]) -> None:
+        """(key, physical offset, store time) entries in order; one header write per file."""
+        index = 0
+        while index < len(entries):
+            current = self.files[-1] if self.files else None
+            if current is None or current.full:
+                current = self._next_file(current, entries[index][1])
+            index = current.put_entries(entries, index)
+
+    def _next_file(self, current: IndexFile | None, physical_offset: int) -> IndexFile:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        size = IndexFile.file_size(self.slot_count, self.entry_count)
+        # Named by the first entry's offset; re-indexing after a crash may revisit offsets
+        # an older file already starts at, so keep names increasing.
+        name_offset = physical_offset
+        if current is not None:
+            name_offset = max(name_offset, current.mf.start_offset + 1)
+        path = self.directory / segment_name(name_offset)
+        created = IndexFile(
+            MappedFile.create(path, name_offset, size), self.slot_count, self.entry_count
+        )
+        self.files.append(created)
+        return created
 
     def query(self, key: str, max_count: int, begin_ms: int, end_ms: int) -> list[int]:
         """Candidate physical offsets for `key`, newest first, at most `max_count`."""

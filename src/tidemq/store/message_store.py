@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Final
 
 from tidemq.clock import Clock
-from tidemq.errors import CorruptRecordError, ProtocolError
+from tidemq.errors import CorruptRecordError
 from tidemq.limits import (
-    MESSAGE_PROPERTIES_SIZE_MAX,
     PULL_BYTES_MAX,
     PULL_MESSAGE_COUNT_MAX,
     TOPIC_NAME_LENGTH_MAX,
@@ -37,6 +36,7 @@ from tidemq.limits import (
 from tidemq.protocol import message as props
 from tidemq.protocol import record as rec
 from tidemq.store import dispatch as dsp
+from tidemq.store import put
 from tidemq.store.checkpoint import Checkpoint, CheckpointFile, read_checkpoint
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import StoreConfig
@@ -241,19 +241,30 @@ class FileMessageStore:
         """Append messages of one topic and queue with consecutive queue offsets.
 
         Every check that can refuse (state, disk, sizes, hosts) runs before the first append,
-        so a batch is refused whole or appended whole (barring an I/O error mid-way).
+        so a batch is refused whole or appended whole (barring an I/O error mid-way). The records
+        are encoded into one buffer per commit-log segment they land in (one copy into the
+        mapping each), then dispatched together: their consume-queue entries in one write, their
+        index entries with one index-header update.
         """
         if not msgs:
             return []
         refusal = self._check_writable()
-        prepared: list[tuple[MessageToStore, str, dict[str, str], int, int]] = []
+        prepared: list[put.Prepared] = []
+        first = msgs[0]
+        topic_bytes = first.topic.encode()
+        if refusal is None and not 0 < len(topic_bytes) <= TOPIC_NAME_LENGTH_MAX:
+            refusal = PutResult(
+                PutStatus.MESSAGE_ILLEGAL,
+                error=f"topic length {len(topic_bytes)} outside 1..{TOPIC_NAME_LENGTH_MAX}",
+            )
+        fixed_size = rec.RECORD_FIXED_SIZE + len(topic_bytes)
         for msg in msgs:
             if refusal is not None:
                 break
-            if (msg.topic, msg.queue_id) != (msgs[0].topic, msgs[0].queue_id):
+            if msg.queue_id != first.queue_id or msg.topic != first.topic:
                 refusal = PutResult(PutStatus.MESSAGE_ILLEGAL, error="batch mixes queues")
                 break
-            checked = self._check_message(msg)
+            checked = put.check_message(msg, fixed_size, self.config)
             if isinstance(checked, PutResult):
                 refusal = checked
                 break
@@ -261,19 +272,17 @@ class FileMessageStore:
         if refusal is not None:
             return [refusal] * len(msgs)
         results: list[PutResult] = []
-        for msg, text, properties, tags_code, size in prepared:
-            try:
-                results.append(self._append(msg, text, properties, tags_code, size))
-            except OSError as exc:
-                status = (
-                    PutStatus.SERVICE_NOT_AVAILABLE
-                    if exc.errno == errno.ENOSPC
-                    else PutStatus.UNKNOWN_ERROR
-                )
-                logger.exception("commit-log append failed")
-                failed = PutResult(status, error=f"append failed: {exc}")
-                results.extend([failed] * (len(prepared) - len(results)))
-                break
+        try:
+            self._append(prepared, topic_bytes, results)
+        except OSError as exc:
+            status = (
+                PutStatus.SERVICE_NOT_AVAILABLE
+                if exc.errno == errno.ENOSPC
+                else PutStatus.UNKNOWN_ERROR
+            )
+            logger.exception("commit-log append failed")
+            failed = PutResult(status, error=f"append failed: {exc}")
+            results.extend([failed] * (len(prepared) - len(results)))
         return results
 
     def _check_writable(self) -> PutResult | None:
@@ -288,99 +297,78 @@ class FileMessageStore:
             )
         return None
 
-    def _check_message(
-        self, msg: MessageToStore
-    ) -> PutResult | tuple[MessageToStore, str, dict[str, str], int, int]:
-        def illegal(text: str) -> PutResult:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=text)
-
-        topic_len = len(msg.topic.encode())
-        if not 0 < topic_len <= TOPIC_NAME_LENGTH_MAX:
-            return illegal(f"topic length {topic_len} outside 1..{TOPIC_NAME_LENGTH_MAX}")
-        if len(msg.body) > self.config.message_size_max:
-            return illegal(f"body {len(msg.body)} bytes exceeds {self.config.message_size_max}")
-        try:
-            rec.pack_ipv4(msg.born_host[0])
-            rec.pack_ipv4(msg.store_host[0])
-        except ProtocolError as exc:
-            return illegal(str(exc))
-        text = msg.properties
-        if dsp.TAGS_CODE_PROPERTY in text:
-            text = dsp.strip_property(text, dsp.TAGS_CODE_PROPERTY)
-        properties = props.decode_properties(text)
-        tags_code = props.tag_code(properties.get(props.TAGS))
-        if msg.tags_code is not None and msg.tags_code != tags_code:
-            if text and not text.endswith("\x02"):
-                text += "\x02"
-            text += f"{dsp.TAGS_CODE_PROPERTY}\x01{msg.tags_code}\x02"
-            tags_code = msg.tags_code
-        props_size = rec.encoded_properties_size(text)
-        if props_size > MESSAGE_PROPERTIES_SIZE_MAX:
-            return PutResult(
-                PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                error=f"properties {props_size} bytes exceed {MESSAGE_PROPERTIES_SIZE_MAX}",
-            )
-        size = rec.RECORD_FIXED_SIZE + len(msg.body) + topic_len + props_size
-        if size + rec.BLANK_MARKER_SIZE > self.config.commit_log_file_size:
-            return illegal(f"record of {size} bytes does not fit a commit-log segment")
-        return msg, text, properties, tags_code, size
-
     def _append(
-        self, msg: MessageToStore, text: str, properties: dict[str, str], tags_code: int, size: int
-    ) -> PutResult:
-        store_ts = msg.store_timestamp if msg.store_timestamp is not None else self.clock.now_ms()
-        in_queue = msg.sys_flag & _TX_MASK not in (_TX_PREPARED, _TX_ROLLBACK)
-        queue_offset = self._queue(msg.topic, msg.queue_id).max_offset if in_queue else 0
+        self, prepared: list[put.Prepared], topic_bytes: bytes, results: list[PutResult]
+    ) -> None:
+        """Encode and write the records, one run per segment, then dispatch them together.
 
-        def encode(physical_offset: int) -> bytes:
-            return rec.encode_record(
-                topic=msg.topic,
-                queue_id=msg.queue_id,
-                body=msg.body,
-                flag=msg.flag,
-                properties=text,
-                sys_flag=msg.sys_flag,
-                born_timestamp=msg.born_timestamp,
-                born_host=msg.born_host,
-                store_timestamp=store_ts,
-                store_host=msg.store_host,
-                reconsume_times=msg.reconsume_times,
-                prepared_transaction_offset=msg.prepared_transaction_offset,
-                queue_offset=queue_offset,
-                physical_offset=physical_offset,
-            )
-
-        physical_offset, _data = self._log.append(size, encode)
-        self._dispatch(
-            topic=msg.topic,
-            queue_id=msg.queue_id,
-            queue_offset=queue_offset,
-            physical_offset=physical_offset,
-            size=size,
-            sys_flag=msg.sys_flag,
-            tags_code=tags_code,
-            store_timestamp=store_ts,
-            properties=properties,
-            index_it=True,
-        )
-        self._dispatched_offset = physical_offset + size
-        if in_queue and self._listeners:
-            event = DispatchEvent(
-                topic=msg.topic,
-                queue_id=msg.queue_id,
-                queue_offset=queue_offset,
-                physical_offset=physical_offset,
-                size=size,
-                tags_code=tags_code,
-                store_timestamp=store_ts,
-                properties=properties,
-            )
-            for listener in list(self._listeners):
+        Appends each record's PutResult to `results` as its run is written (an OSError leaves
+        the results of the runs written before it).
+        """
+        first = prepared[0][0]
+        topic, queue_id = first.topic, first.queue_id
+        cq = self._queues.get((topic, queue_id))
+        next_queue_offset = cq.max_offset if cq is not None else 0
+        now_ms = self.clock.now_ms()
+        topic_part = put.topic_part(topic_bytes)
+        cq_entries: list[tuple[int, int, int]] = []
+        index_entries: list[tuple[str, int, int]] = []
+        events: list[DispatchEvent] = []
+        listeners = self._listeners
+        count = len(prepared)
+        i = 0
+        while i < count:
+            mf = self._log.segment_for(prepared[i][4])
+            physical_offset = mf.start_offset + mf.wrote
+            room = mf.remaining - rec.BLANK_MARKER_SIZE
+            parts: list[bytes] = []
+            run: list[PutResult] = []
+            while i < count and prepared[i][4] <= room:
+                item = prepared[i]
+                msg, properties, tags_code, size = item[0], item[2], item[3], item[4]
+                store_ts = msg.store_timestamp if msg.store_timestamp is not None else now_ms
+                in_queue = msg.sys_flag & _TX_MASK not in (_TX_PREPARED, _TX_ROLLBACK)
+                queue_offset = next_queue_offset if in_queue else 0
+                parts += put.record_parts(item, topic_part, queue_offset, physical_offset, store_ts)
+                if in_queue:
+                    next_queue_offset += 1
+                    cq_entries.append((physical_offset, size, tags_code))
+                    if listeners:
+                        events.append(
+                            DispatchEvent(
+                                topic,
+                                queue_id,
+                                queue_offset,
+                                physical_offset,
+                                size,
+                                tags_code,
+                                store_ts,
+                                properties,
+                            )
+                        )
+                if msg.sys_flag & _TX_MASK != _TX_ROLLBACK:
+                    for key in dsp.index_keys(properties):
+                        index_entries.append((f"{topic}#{key}", physical_offset, store_ts))
+                run.append(
+                    PutResult(PutStatus.PUT_OK, physical_offset, queue_offset, size, store_ts)
+                )
+                physical_offset += size
+                room -= size
+                i += 1
+            mf.append(b"".join(parts))
+            results += run
+        if cq_entries:
+            self._queue(topic, queue_id).put_run(next_queue_offset - len(cq_entries), cq_entries)
+        if index_entries:
+            self._index.put_many(index_entries)
+        last = results[-1]
+        self._dispatched_offset = last.physical_offset + last.size
+        for event in events:
+            for listener in list(listeners):
                 try:
                     listener(event)
                 except Exception:
                     logger.exception("dispatch listener %r failed", listener)
-        return PutResult(PutStatus.PUT_OK, physical_offset, queue_offset, size, store_ts)
 
     # --- get ----------------------------------------------------------------------------------
 

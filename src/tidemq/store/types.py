@@ -24,6 +24,9 @@ class MessageToStore:
     # None: the Java hash of the TAGS property. Set explicitly, e.g. a delay topic's deliver time;
     # the store then keeps it in the record (property __TAGSCODE#) so recovery restores it.
     tags_code: int | None = None
+    # The caller's decode_properties(properties), to spare the store decoding it again: used only
+    # while `properties` is still the very string object it was decoded from (else decoded anew).
+    parsed: tuple[str, dict[str, str]] | None = None
 
 
 class PutStatus(enum.Enum):

@@ -80,7 +80,7 @@ class Sink:
         return self.world.prepare(body or tag.encode(), properties={SPARK_TXN: tag})
 
     async def end(
-        self, batch: int, action: int, txns: list[str], sink: str = SINK
+        self, batch: int, action: int, txns: list[str], sink: str = SINK, *, final: bool = False
     ) -> RemotingCommand:
         table = HandlerTable()
         flush_ends: list[int] = []
@@ -94,7 +94,7 @@ class Sink:
         request = RemotingCommand(
             code=RequestCode.TIDEMQ_END_BATCH,
             ext_fields=header.to_fields(),
-            body=orjson.dumps({"txns": txns}),
+            body=orjson.dumps({"txns": txns, "final": True} if final else {"txns": txns}),
         )
         run = table.get(RequestCode.TIDEMQ_END_BATCH)
         assert run is not None
@@ -198,6 +198,45 @@ async def test_commit_after_rollback_is_refused_for_rolled_back_txns(sink: Sink)
     assert refused_rollback.code == ResponseCode.TRANSACTION_FAILED
     assert refused_rollback.remark is not None
     assert "already committed" in refused_rollback.remark
+
+
+async def test_a_final_rollback_rolls_back_halves_sent_after_it(sink: Sink) -> None:
+    """A batch write's abort: Spark killed the job's other tasks, which may still be sending
+    halves, and no task reported (no txns). Nothing else will ever end that one-shot sink's
+    batch, so the final ROLLBACK must close it: a plain ROLLBACK leaves late halves pending
+    until the orphan timeout (hours)."""
+    sink.half(0, "0/0-a", sink="job-plain")
+    assert (await sink.end(0, ROLLBACK, [], sink="job-plain")).code == ResponseCode.SUCCESS
+    sink.half(0, "1/0-a", sink="job-plain")  # late: stays (a streaming replay may commit)
+    sink.half(0, "0/0-a", sink="job-final")  # before the abort
+    response = await sink.end(0, ROLLBACK, [], sink="job-final", final=True)
+    assert response.code == ResponseCode.SUCCESS, response.remark
+    assert response.ext_fields["rolledBack"] == "1"
+    sink.half(0, "1/0-a", sink="job-final")  # late halves of the killed task
+    sink.half(0, "1/0-a", sink="job-final")
+    sink.world.clock.advance(TIMEOUT_MS)
+    report = await sink.checker.run_once()
+    assert report.resolved_sink == 2
+    assert sink.producer.sent == []
+    assert sink.world.ledger.in_flight == 1  # job-plain's late half, until the orphan timeout
+    assert sink.batches.index.pending(SINK, 0) == {}
+    assert sink.visible() == []
+    refused = await sink.end(0, COMMIT, ["1/0-b"], sink="job-final")
+    assert refused.code == ResponseCode.TRANSACTION_FAILED
+    assert refused.remark is not None
+    assert "for good" in refused.remark
+    # The flag is durable: a restart still rolls back a late half of the closed batch.
+    records = sink.records()
+    assert [r.final for r in records] == [False, True]
+    sink.restart()
+    sink.half(0, "2/0-a", sink="job-final")
+    sink.world.clock.advance(TIMEOUT_MS)
+    assert (await sink.checker.run_once()).resolved_sink == 1
+    assert sink.visible() == []
+    again = await sink.end(0, ROLLBACK, [], sink="job-final", final=True)
+    assert again.code == ResponseCode.SUCCESS
+    assert len(sink.records()) == 2
+    assert (await sink.end(0, COMMIT, [], final=True)).code == ResponseCode.SYSTEM_ERROR
 
 
 async def test_malformed_requests_are_refused(sink: Sink) -> None:

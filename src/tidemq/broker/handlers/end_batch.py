@@ -1,7 +1,9 @@
 """TIDEMQ_END_BATCH (10003, TideMQ-private): the Spark sink driver ends one batch on this broker.
 
     header sinkId, batchId, commitOrRollback (8 COMMIT, 12 ROLLBACK, as END_TRANSACTION)
-    body   JSON {"txns": ["<partition>/<attempt>", ...]} (at most BATCH_TXNS_MAX)
+    body   JSON {"txns": ["<partition>/<attempt>", ...]} (at most BATCH_TXNS_MAX), and
+           "final": true on a ROLLBACK that closes the batch for good (batch writes: every
+           half of it, even one sent after the abort, rolls back; no COMMIT of it is accepted)
 
     slave? ─▶ SLAVE_NOT_AVAILABLE
     malformed header or body ─▶ SYSTEM_ERROR naming what is wrong
@@ -51,20 +53,24 @@ _PUT_STATUS_CODES: Final = {
 WaitFlushed = Callable[[int], Awaitable[bool]]
 
 
-def parse_txns(body: bytes | None) -> frozenset[str]:
-    """The body's txn ids. Raises Refusal (SYSTEM_ERROR) naming the problem."""
+def parse_body(body: bytes | None) -> tuple[frozenset[str], bool]:
+    """The body's txn ids and its "final" flag. Raises Refusal (SYSTEM_ERROR) naming the
+    problem."""
     try:
         data = orjson.loads(body or b"{}")
         txns = data["txns"]
-    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        final = data.get("final", False)
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise Refusal(
             ResponseCode.SYSTEM_ERROR, f'the body is not {{"txns": [...]}}: {exc}'
         ) from None
+    if not isinstance(final, bool):
+        raise Refusal(ResponseCode.SYSTEM_ERROR, "final must be true or false")
     if not isinstance(txns, list) or not all(isinstance(t, str) and t for t in txns):
         raise Refusal(ResponseCode.SYSTEM_ERROR, "txns must be a list of non-empty strings")
     if len(txns) > BATCH_TXNS_MAX:
         raise Refusal(ResponseCode.SYSTEM_ERROR, f"more than {BATCH_TXNS_MAX} txns in one batch")
-    return frozenset(txns)
+    return frozenset(txns), final
 
 
 class EndBatchHandler:
@@ -94,9 +100,13 @@ class EndBatchHandler:
             )
         if "/" in header.sink_id or header.batch_id < 0:
             raise Refusal(ResponseCode.SYSTEM_ERROR, "sinkId may not hold '/'; batchId >= 0")
-        txns = parse_txns(request.body)
+        txns, final = parse_body(request.body)
+        if final and outcome is not BatchOutcome.ROLLBACK:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, "only a ROLLBACK can be final")
         try:
-            result = self._batches.end_batch(header.sink_id, header.batch_id, outcome, txns)
+            result = self._batches.end_batch(
+                header.sink_id, header.batch_id, outcome, txns, final=final
+            )
         except BatchRefused as exc:
             raise Refusal(ResponseCode.TRANSACTION_FAILED, str(exc)) from None
         if result.failure is not None:

@@ -44,12 +44,14 @@ from tidemq.protocol.headers_admin import TOPIC_FILTER_MULTI_TAG
 from tidemq.protocol.message import (
     CLUSTER,
     DELAY,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_SEPARATOR,
     TRAN_MSG,
     WAIT,
     Perm,
     SysFlag,
     TopicSysFlag,
-    decode_batch,
+    decode_batch_raw,
     decode_properties,
     encode_properties,
     group_of_retry_topic,
@@ -57,6 +59,7 @@ from tidemq.protocol.message import (
     is_system_topic,
     is_true_text,
     offset_msg_id,
+    offset_msg_ids,
     validate_topic,
 )
 from tidemq.remoting.connection import Connection
@@ -65,6 +68,37 @@ from tidemq.store.message_store import FileMessageStore
 from tidemq.store.types import MessageToStore, PutResult
 
 log = logging.getLogger(__name__)
+
+
+def stored_properties(
+    text: str, props: dict[str, str], extra: dict[str, str], extra_text: str | None = None
+) -> str:
+    """A sent message's properties as stored: WAIT dropped, then `extra` set (its encoding may
+    be passed as `extra_text`). `props` is decode_properties(text); it is edited to match.
+
+    The careful way edits the map and re-encodes it. When `text` is already in canonical form
+    (what encoding its own map gives back: every fragment one distinct `key\x01value\x02`) and
+    has no key of `extra`, the result comes by string operations alone, byte for byte the same:
+    the WAIT fragment cut out, `extra_text` appended.
+    """
+    n = len(props)
+    if (
+        (not text or (text[-1] == PROPERTY_SEPARATOR and text.count(PROPERTY_SEPARATOR) == n))
+        and text.count(NAME_VALUE_SEPARATOR) == n
+        and extra.keys().isdisjoint(props)
+    ):
+        wait = props.pop(WAIT, None)
+        if wait is not None:
+            fragment = f"{WAIT}{NAME_VALUE_SEPARATOR}{wait}{PROPERTY_SEPARATOR}"
+            if text.startswith(fragment):
+                text = text[len(fragment) :]
+            else:
+                text = text.replace(PROPERTY_SEPARATOR + fragment, PROPERTY_SEPARATOR, 1)
+        props.update(extra)
+        return text + (encode_properties(extra) if extra_text is None else extra_text)
+    props.pop(WAIT, None)
+    props.update(extra)
+    return encode_properties(props)
 
 
 class SendHandler:
@@ -104,9 +138,9 @@ class SendHandler:
         header = SendMessageRequestHeader.from_fields(request.ext_fields)
         topic_config = self._check(connection, header)
         queue_id = self._queue_id(header, topic_config)
-        properties = decode_properties(header.properties or "")
-        properties.pop(WAIT, None)
-        properties[CLUSTER] = self._config.broker_cluster_name
+        text = header.properties or ""
+        properties = decode_properties(text)
+        text = stored_properties(text, properties, {CLUSTER: self._config.broker_cluster_name})
         sys_flag = header.sys_flag
         if topic_config.topic_filter_type == TOPIC_FILTER_MULTI_TAG:
             sys_flag |= SysFlag.MULTI_TAGS
@@ -121,12 +155,13 @@ class SendHandler:
                     queue_id=queue_id,
                     body=request.body,
                     flag=header.flag,
-                    properties=encode_properties(properties),
+                    properties=text,
                     sys_flag=sys_flag,
                     born_timestamp=header.born_timestamp,
                     born_host=connection.peer,
                     store_host=(self._address.host, self._address.port),
                     reconsume_times=header.reconsume_times,
+                    parsed=(text, properties),
                 )
             ]
         if is_batch:
@@ -271,33 +306,37 @@ class SendHandler:
             sys_flag &= ~SysFlag.COMPRESSED
         self._check_size(len(body))
         try:
-            items = decode_batch(body)
+            items = decode_batch_raw(body)
         except ProtocolError as exc:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
         if not items:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
         messages: list[MessageToStore] = []
-        for item in items:
-            props = decode_properties(item.properties)
+        outer_text = encode_properties(outer)
+        topic, born_host = header.topic, connection.peer
+        store_host = (self._address.host, self._address.port)
+        born_timestamp, reconsume_times = header.born_timestamp, header.reconsume_times
+        for flag, item_body, item_properties in items:
+            props = decode_properties(item_properties)
             if is_true_text(props.get(TRAN_MSG)) or props.get(DELAY, "0").strip() not in ("", "0"):
                 raise Refusal(
                     ResponseCode.MESSAGE_ILLEGAL,
                     "transactional or delayed messages are not allowed in a batch",
                 )
-            props.pop(WAIT, None)
-            props.update(outer)
+            text = stored_properties(item_properties, props, outer, outer_text)
             messages.append(
                 MessageToStore(
-                    topic=header.topic,
-                    queue_id=queue_id,
-                    body=item.body,
-                    flag=item.flag,
-                    properties=encode_properties(props),
-                    sys_flag=sys_flag,
-                    born_timestamp=header.born_timestamp,
-                    born_host=connection.peer,
-                    store_host=(self._address.host, self._address.port),
-                    reconsume_times=header.reconsume_times,
+                    topic,
+                    queue_id,
+                    item_body,
+                    flag,
+                    text,
+                    sys_flag,
+                    born_timestamp,
+                    born_host,
+                    store_host,
+                    reconsume_times,
+                    parsed=(text, props),
                 )
             )
         return messages
@@ -324,7 +363,7 @@ class SendHandler:
             msg_ids = offset_msg_id(host, port, results[0].physical_offset)
             end = results[0].physical_offset + results[0].size
         else:
-            msg_ids = ",".join(offset_msg_id(host, port, r.physical_offset) for r in results)
+            msg_ids = ",".join(offset_msg_ids(host, port, [r.physical_offset for r in results]))
             end = max(r.physical_offset + r.size for r in results)
         fields = SendMessageResponseHeader(
             msg_id=msg_ids, queue_id=queue_id, queue_offset=results[0].queue_offset

@@ -8,6 +8,7 @@ finished at restart (`rebuild`):
 
     RMQ_SYS_TRANS_BATCH_TOPIC queue 0, one message per decision, body JSON:
         {"sinkId": "...", "batchId": 7, "outcome": "COMMIT" | "ROLLBACK", "txns": ["0/0-ab", ...]}
+        (+ "final": true on a ROLLBACK that closes the batch for good, see below)
 
 Per (sinkId, batchId) the index keeps the committed txn set (at most one COMMIT record) and the
 txns rolled back (ROLLBACK records; a later COMMIT of the same batch is accepted when it lists
@@ -16,6 +17,12 @@ same id with new attempts). END_BATCH then resolves every pending half of the ba
 ordinary resolver (resolution.py: state table, op messages, exactly once): COMMIT commits the
 listed txns and rolls back the rest; ROLLBACK rolls back every pending half of the batch. A
 repeated COMMIT stores nothing new and answers "already committed".
+
+A *final* ROLLBACK closes the batch: no COMMIT of it is accepted afterwards and every half of
+it, however late, is rolled back. The driver of a batch (non-streaming) write sends it: that
+sink id is never replayed nor followed by a later batch, and the tasks Spark kills on an abort
+may still be sending halves after the abort, so without it those halves would wait for the
+orphan timeout.
 
 Orphans (halves no END_BATCH resolved: failed attempts, writes landing after an abort) are never
 checked back with a producer (Spark executors cannot answer): the check-back service asks
@@ -102,17 +109,19 @@ class BatchRecord:
     batch_id: int
     outcome: BatchOutcome
     txns: frozenset[str]
+    final: bool = False  # a ROLLBACK closing the batch for good (module docstring)
 
 
 def encode_batch_record(record: BatchRecord) -> bytes:
-    return orjson.dumps(
-        {
-            "sinkId": record.sink_id,
-            "batchId": record.batch_id,
-            "outcome": record.outcome.value,
-            "txns": sorted(record.txns),
-        }
-    )
+    data: dict[str, object] = {
+        "sinkId": record.sink_id,
+        "batchId": record.batch_id,
+        "outcome": record.outcome.value,
+        "txns": sorted(record.txns),
+    }
+    if record.final:
+        data["final"] = True
+    return orjson.dumps(data)
 
 
 def decode_batch_record(body: bytes) -> BatchRecord:
@@ -124,9 +133,14 @@ def decode_batch_record(body: bytes) -> BatchRecord:
             batch_id=data["batchId"],
             outcome=BatchOutcome(data["outcome"]),
             txns=frozenset(data["txns"]),
+            final=data.get("final", False),
         )
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed batch record: {exc}") from None
+    if not isinstance(record.final, bool) or (
+        record.final and record.outcome is not BatchOutcome.ROLLBACK
+    ):
+        raise ProtocolError("malformed batch record: final")
     if not isinstance(record.sink_id, str) or not isinstance(record.batch_id, int):
         raise ProtocolError("malformed batch record: sinkId or batchId")
     if not all(isinstance(txn, str) for txn in record.txns):
@@ -156,6 +170,7 @@ class BatchState:
 
     committed: frozenset[str] | None = None
     rolled_back: set[str] = field(default_factory=set)
+    closed: bool = False  # a final ROLLBACK was recorded: every half of it rolls back
 
 
 @dataclass(slots=True)
@@ -204,6 +219,7 @@ class BatchIndex:
             state.committed = record.txns
         else:
             state.rolled_back |= record.txns
+            state.closed = state.closed or record.final
         while len(history.batches) > self.records_per_sink_max:
             history.batches.popitem(last=False)
 
@@ -289,12 +305,20 @@ class SinkBatchResolver:
     # -- END_BATCH ------------------------------------------------------------------------------
 
     def end_batch(
-        self, sink_id: str, batch_id: int, outcome: BatchOutcome, txns: frozenset[str]
+        self,
+        sink_id: str,
+        batch_id: int,
+        outcome: BatchOutcome,
+        txns: frozenset[str],
+        *,
+        final: bool = False,
     ) -> BatchEndResult:
         """Record the decision (unless it repeats one), then resolve the batch's pending halves.
+        `final` (ROLLBACK only) closes the batch for good.
 
         Raises BatchRefused when the decision contradicts the records.
         """
+        assert not final or outcome is BatchOutcome.ROLLBACK
         state = self.index.state(sink_id, batch_id)
         what = f"batch {batch_id} of sink {sink_id}"
         if outcome is BatchOutcome.COMMIT:
@@ -309,6 +333,8 @@ class SinkBatchResolver:
                     durable_end=result.durable_end,
                     failure=result.failure,
                 )
+            if state is not None and state.closed:
+                raise BatchRefused(f"COMMIT refused: {what} was rolled back for good")
             if state is not None and txns & state.rolled_back:
                 raise BatchRefused(
                     f"COMMIT refused: {what} was rolled back, including "
@@ -319,9 +345,9 @@ class SinkBatchResolver:
             if state is not None and state.committed is not None:
                 raise BatchRefused(f"ROLLBACK refused: {what} is already committed")
             targets = txns | frozenset(self.index.pending(sink_id, batch_id).values())
-            if state is not None and targets <= state.rolled_back:
+            if state is not None and targets <= state.rolled_back and (state.closed or not final):
                 return self._finish(sink_id, batch_id)
-            record = BatchRecord(sink_id, batch_id, outcome, targets)
+            record = BatchRecord(sink_id, batch_id, outcome, targets, final)
         put = self._store.put_message(
             batch_record_message(record, store_host=self._store_host, now_ms=self._clock.now_ms())
         )
@@ -368,7 +394,7 @@ class SinkBatchResolver:
         state = self.index.state(sink_id, batch_id)
         if state is not None and state.committed is not None:
             return TxInput.COMMIT if txn in state.committed else TxInput.ROLLBACK
-        if state is not None and txn in state.rolled_back:
+        if state is not None and (state.closed or txn in state.rolled_back):
             return TxInput.ROLLBACK
         if self.index.batch_max(sink_id) > batch_id:
             return TxInput.ROLLBACK

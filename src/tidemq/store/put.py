@@ -1,0 +1,117 @@
+"""What a put makes of a message before any I/O: its checks and its record's bytes.
+
+`check_message` refuses what cannot be stored and works out, once, what the record needs: the
+stored properties (an explicit tags code kept as `__TAGSCODE#`), their parsed map (the caller's,
+when it passed one for this very string), the tags code, the record size and the packed hosts.
+`record_parts` then makes the record as four pieces (header, body, topic and properties, CRC
+digits) for the store to join with its neighbours into one write. The bytes are exactly
+`protocol.record.encode_record`'s (tests/store/test_batch_fast_path.py holds them to it); this
+path only skips re-deriving per record what a batch shares.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Final, TypeAlias
+
+from tidemq.errors import ProtocolError
+from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX
+from tidemq.protocol import message as props
+from tidemq.protocol import record as rec
+from tidemq.store import dispatch as dsp
+from tidemq.store.config import StoreConfig
+from tidemq.store.types import MessageToStore, PutResult, PutStatus
+
+_TOPIC_LEN: Final = struct.Struct(">b")
+_PROPS_LEN: Final = struct.Struct(">h")
+_SYSFLAG_HOSTS_V6: Final = props.SysFlag.BORNHOST_V6 | props.SysFlag.STOREHOST_V6
+_BODY_CRC_MASK: Final = 0x7FFFFFFF
+
+# A checked message: it, its properties prefix bytes (rec.properties_prefix), parsed properties,
+# tags code, record size, packed born and store hosts.
+Prepared: TypeAlias = tuple[MessageToStore, bytes, dict[str, str], int, int, bytes, bytes]
+
+
+def check_message(
+    msg: MessageToStore, fixed_size: int, config: StoreConfig
+) -> PutResult | Prepared:
+    """`msg` prepared for `record_parts`, or the refusal. `fixed_size` is RECORD_FIXED_SIZE plus
+    the encoded topic's length (the caller checked the topic, shared by a batch)."""
+
+    def illegal(text: str) -> PutResult:
+        return PutResult(PutStatus.MESSAGE_ILLEGAL, error=text)
+
+    if len(msg.body) > config.message_size_max:
+        return illegal(f"body {len(msg.body)} bytes exceeds {config.message_size_max}")
+    try:
+        born_ip = rec.pack_ipv4(msg.born_host[0])
+        store_ip = rec.pack_ipv4(msg.store_host[0])
+    except ProtocolError as exc:
+        return illegal(str(exc))
+    text = msg.properties
+    parsed = msg.parsed
+    if dsp.TAGS_CODE_PROPERTY in text:
+        text = dsp.strip_property(text, dsp.TAGS_CODE_PROPERTY)
+        parsed = None
+    if parsed is not None and parsed[0] is text:
+        properties = parsed[1]
+    else:
+        properties = props.decode_properties(text)
+    tags_code = props.tag_code(properties.get(props.TAGS))
+    if msg.tags_code is not None and msg.tags_code != tags_code:
+        if text and not text.endswith("\x02"):
+            text += "\x02"
+        text += f"{dsp.TAGS_CODE_PROPERTY}\x01{msg.tags_code}\x02"
+        tags_code = msg.tags_code
+    props_prefix = rec.properties_prefix(text)
+    props_size = len(props_prefix) + rec.CRC_DIGITS_LEN
+    if props_size > MESSAGE_PROPERTIES_SIZE_MAX:
+        return PutResult(
+            PutStatus.PROPERTIES_SIZE_EXCEEDED,
+            error=f"properties {props_size} bytes exceed {MESSAGE_PROPERTIES_SIZE_MAX}",
+        )
+    size = fixed_size + len(msg.body) + props_size
+    if size + rec.BLANK_MARKER_SIZE > config.commit_log_file_size:
+        return illegal(f"record of {size} bytes does not fit a commit-log segment")
+    return msg, props_prefix, properties, tags_code, size, born_ip, store_ip
+
+
+def topic_part(topic_bytes: bytes) -> bytes:
+    """TOPICLENGTH and TOPIC as stored: the same for every record of a batch."""
+    return _TOPIC_LEN.pack(len(topic_bytes)) + topic_bytes
+
+
+def record_parts(
+    prepared: Prepared,
+    topic_part: bytes,
+    queue_offset: int,
+    physical_offset: int,
+    store_timestamp: int,
+) -> tuple[bytes, bytes, bytes, bytes]:
+    """The record of a prepared message, as header, body, topic+properties, CRC digits."""
+    msg, props_prefix, _properties, _tags_code, size, born_ip, store_ip = prepared
+    body = msg.body
+    crc32 = zlib.crc32
+    header = rec.RECORD_HEADER.pack(
+        size,
+        rec.MAGIC_RECORD,
+        crc32(body) & _BODY_CRC_MASK,
+        msg.queue_id,
+        msg.flag,
+        queue_offset,
+        physical_offset,
+        msg.sys_flag & ~_SYSFLAG_HOSTS_V6,
+        msg.born_timestamp,
+        born_ip,
+        msg.born_host[1],
+        store_timestamp,
+        store_ip,
+        msg.store_host[1],
+        msg.reconsume_times,
+        msg.prepared_transaction_offset,
+        len(body),
+    )
+    tail = topic_part + _PROPS_LEN.pack(len(props_prefix) + rec.CRC_DIGITS_LEN) + props_prefix
+    crc = crc32(tail, crc32(body, crc32(header)))
+    return header, body, tail, b"%010d" % crc
