@@ -55,6 +55,33 @@ async def test_waiter_times_out_when_the_flush_is_stuck() -> None:
     assert service.flushed_offset == 10
 
 
+async def test_each_waiter_times_out_at_its_own_deadline() -> None:
+    # One expiry timer serves all waiters: it fails the due ones and re-arms for the next.
+    log = _Log()
+    log.gate.clear()
+    service = FlushService(log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=100)
+    service.start()
+    loop = asyncio.get_running_loop()
+
+    async def timed_wait(end: int) -> tuple[bool, float]:
+        started = loop.time()
+        flushed = await service.wait_flushed(end)
+        return flushed, loop.time() - started
+
+    try:
+        log.end = 20
+        first = asyncio.ensure_future(timed_wait(10))
+        await asyncio.sleep(0.05)  # the second waiter arrives half a timeout later
+        second = asyncio.ensure_future(timed_wait(20))
+        (ok1, waited1), (ok2, waited2) = await asyncio.gather(first, second)
+        assert (ok1, ok2) == (False, False)
+        assert waited1 >= 0.09
+        assert waited2 >= 0.09
+    finally:
+        log.gate.set()
+        await service.stop()
+
+
 async def test_async_mode_never_waits() -> None:
     log = _Log()
     log.gate.clear()

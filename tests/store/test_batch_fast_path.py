@@ -4,6 +4,10 @@ commit-log, consume-queue and index-file rollovers, and dispatch must match too.
 
 from __future__ import annotations
 
+import errno
+from typing import Any
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_helpers import Opener
@@ -11,7 +15,7 @@ from store_helpers import Opener
 from tidemq.protocol import record as rec
 from tidemq.protocol.message import SysFlag, decode_properties, tag_code
 from tidemq.store import MessageToStore
-from tidemq.store.types import DispatchEvent
+from tidemq.store.types import DispatchEvent, PutStatus
 
 _TEXT = st.text(
     alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
@@ -128,3 +132,32 @@ def test_stale_parsed_map_is_not_trusted(opener: Opener) -> None:
     assert store.put_message(msg).ok
     assert events[0].properties == {"TAGS": "real"}
     assert events[0].tags_code == tag_code("real")
+
+
+def test_io_error_in_a_later_segment_keeps_earlier_runs_dispatched(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = opener.open()
+    log = store._log  # the seam: fail the rollover to the second segment
+    real = log.segment_for
+    calls = 0
+
+    def failing_segment_for(size: int) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError(errno.EIO, "injected")
+        return real(size)
+
+    monkeypatch.setattr(log, "segment_for", failing_segment_for)
+    batch = _messages([(b"x" * 600, {"UNIQ_KEY": f"u{n}"}, 0, False, 0) for n in range(12)])
+    results = store.put_messages(batch)
+    written = [r for r in results if r.ok]
+    assert 0 < len(written) < len(batch)
+    assert results[: len(written)] == written
+    assert {r.status for r in results[len(written) :]} == {PutStatus.UNKNOWN_ERROR}
+    assert store.max_offset("Batch", 1) == len(written)
+    got = store.get_messages("Batch", 1, 0, 32)
+    assert [rec.decode_record(r).physical_offset for r in got.records] == [
+        r.physical_offset for r in written
+    ]

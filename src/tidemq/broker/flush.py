@@ -45,7 +45,11 @@ class FlushService:
         self._sync = sync
         self._interval_s = interval_ms / 1000
         self._sync_timeout_s = sync_timeout_ms / 1000
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # (end offset, future, deadline in loop time), in arrival order: the timeout is the same
+        # for all, so the first waiter is always the one due first.
+        self._waiters: list[tuple[int, asyncio.Future[None], float]] = []
+        # One timer for the oldest waiter, not one per waiter (one wait per sync send).
+        self._expiry: asyncio.TimerHandle | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._flushed_offset = 0
@@ -73,7 +77,10 @@ class FlushService:
             except asyncio.CancelledError:
                 pass
         await self._flush_once()
-        for _, future in self._waiters:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        for _, future, _ in self._waiters:
             if not future.done():
                 future.cancel()
         self._waiters.clear()
@@ -84,10 +91,10 @@ class FlushService:
             return True
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._waiters.append((physical_end, future))
+        self._waiters.append((physical_end, future, loop.time() + self._sync_timeout_s))
         self._wake.set()
-        # A timer, not asyncio.wait_for: wait_for costs a task per waiter, one per sync send.
-        timer = loop.call_later(self._sync_timeout_s, _expire, future)
+        if self._expiry is None:
+            self._arm_expiry(loop)
         try:
             await future
         except TimeoutError:
@@ -97,9 +104,30 @@ class FlushService:
                 self._sync_timeout_s * 1e3,
             )
             return False
-        finally:
-            timer.cancel()
         return True
+
+    def _arm_expiry(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Time out the oldest waiter when it is due (a timer, not asyncio.wait_for: that costs
+        a task per waiter); at expiry, every waiter due is failed and the next one armed."""
+        for _, future, deadline in self._waiters:
+            if not future.done():
+                self._expiry = loop.call_at(deadline, self._expire_due, loop)
+                return
+
+    def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._expiry = None
+        now = loop.time()
+        remaining: list[tuple[int, asyncio.Future[None], float]] = []
+        for waiter in self._waiters:
+            future, deadline = waiter[1], waiter[2]
+            if future.done():
+                continue
+            if deadline <= now:
+                future.set_exception(TimeoutError())
+            else:
+                remaining.append(waiter)
+        self._waiters = remaining
+        self._arm_expiry(loop)
 
     async def _run(self) -> None:
         while True:
@@ -123,19 +151,15 @@ class FlushService:
             return
         self.flush_count += 1
         self._flushed_offset = max(self._flushed_offset, flushed)
-        remaining: list[tuple[int, asyncio.Future[None]]] = []
-        for end, future in self._waiters:
+        remaining: list[tuple[int, asyncio.Future[None], float]] = []
+        for waiter in self._waiters:
+            future = waiter[1]
             if future.done():
                 continue
-            if end <= self._flushed_offset:
+            if waiter[0] <= self._flushed_offset:
                 future.set_result(None)
             else:
-                remaining.append((end, future))
+                remaining.append(waiter)
         self._waiters = remaining
         if remaining:
             self._wake.set()
-
-
-def _expire(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())

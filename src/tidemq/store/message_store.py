@@ -300,10 +300,10 @@ class FileMessageStore:
     def _append(
         self, prepared: list[put.Prepared], topic_bytes: bytes, results: list[PutResult]
     ) -> None:
-        """Encode and write the records, one run per segment, then dispatch them together.
+        """Encode and write the records, one run per segment, each run then dispatched whole.
 
-        Appends each record's PutResult to `results` as its run is written (an OSError leaves
-        the results of the runs written before it).
+        Appends each record's PutResult to `results` once its run is written and dispatched (an
+        OSError leaves the runs before it written, dispatched and in `results`).
         """
         first = prepared[0][0]
         topic, queue_id = first.topic, first.queue_id
@@ -311,9 +311,6 @@ class FileMessageStore:
         next_queue_offset = cq.max_offset if cq is not None else 0
         now_ms = self.clock.now_ms()
         topic_part = put.topic_part(topic_bytes)
-        cq_entries: list[tuple[int, int, int]] = []
-        index_entries: list[tuple[str, int, int]] = []
-        events: list[DispatchEvent] = []
         listeners = self._listeners
         count = len(prepared)
         i = 0
@@ -323,6 +320,9 @@ class FileMessageStore:
             room = mf.remaining - rec.BLANK_MARKER_SIZE
             parts: list[bytes] = []
             run: list[PutResult] = []
+            cq_entries: list[tuple[int, int, int]] = []
+            index_entries: list[tuple[str, int, int]] = []
+            events: list[DispatchEvent] = []
             while i < count and prepared[i][4] <= room:
                 item = prepared[i]
                 msg, properties, tags_code, size = item[0], item[2], item[3], item[4]
@@ -356,19 +356,19 @@ class FileMessageStore:
                 room -= size
                 i += 1
             mf.append(b"".join(parts))
+            if cq_entries:
+                cq = self._queue(topic, queue_id)
+                cq.put_run(next_queue_offset - len(cq_entries), cq_entries)
+            if index_entries:
+                self._index.put_many(index_entries)
+            self._dispatched_offset = physical_offset
             results += run
-        if cq_entries:
-            self._queue(topic, queue_id).put_run(next_queue_offset - len(cq_entries), cq_entries)
-        if index_entries:
-            self._index.put_many(index_entries)
-        last = results[-1]
-        self._dispatched_offset = last.physical_offset + last.size
-        for event in events:
-            for listener in list(listeners):
-                try:
-                    listener(event)
-                except Exception:
-                    logger.exception("dispatch listener %r failed", listener)
+            for event in events:
+                for listener in list(listeners):
+                    try:
+                        listener(event)
+                    except Exception:
+                        logger.exception("dispatch listener %r failed", listener)
 
     # --- get ----------------------------------------------------------------------------------
 
