@@ -136,6 +136,9 @@ def test_oneway_flag() -> None:
         (_frame_with_header(b'{"opaque":1}'), "code"),
         (_frame_with_header(b'{"code":1,"extFields":[1]}'), "extFields"),
         (struct.pack(">II", 6, 0x07000002) + b"{}", "serialisation type"),
+        (_frame_with_header(b'{"code":10,"opaque":99999999999999999999}'), "32-bit range"),
+        (_frame_with_header(b'{"code":10,"opaque":1,"flag":4294967296}'), "32-bit range"),
+        (_frame_with_header(b'{"code":1e400}'), "not JSON"),
     ],
 )
 def test_bad_frames_raise_protocol_error(stream: bytes, reason: str) -> None:

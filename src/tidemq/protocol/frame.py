@@ -45,6 +45,8 @@ _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
 _I16 = struct.Struct(">h")
 _HEADER_LEN_MASK: Final = 0xFFFFFF
+_INT32_MIN: Final = -(2**31)
+_INT32_MAX: Final = 2**31 - 1
 
 
 class SerializeType(IntEnum):
@@ -177,8 +179,19 @@ def _decode_json_header(data: bytes) -> RemotingCommand:
         opaque = int(header.get("opaque", 0))
         flag = int(header.get("flag", 0))
         version = int(header.get("version", 0))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise ProtocolError(f"header lacks a valid code/opaque/flag/version: {exc!r}") from None
+    # Every peer keeps these in 32-bit ints; a larger value could not be echoed in a response.
+    if not (
+        _INT32_MIN <= code <= _INT32_MAX
+        and _INT32_MIN <= opaque <= _INT32_MAX
+        and _INT32_MIN <= flag <= _INT32_MAX
+        and _INT32_MIN <= version <= _INT32_MAX
+    ):
+        raise ProtocolError(
+            f"header field out of 32-bit range: code={code} opaque={opaque} flag={flag} "
+            f"version={version}"
+        )
     raw_fields = header.get("extFields") or {}
     if not isinstance(raw_fields, dict):
         raise ProtocolError("extFields is not a JSON object")
