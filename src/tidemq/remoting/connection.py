@@ -22,6 +22,7 @@ respect the transport's flow control: a writer awaits while the transport is pau
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import types
 from collections.abc import Callable, Coroutine, Generator
@@ -44,6 +45,10 @@ logger = logging.getLogger(__name__)
 # Requests one connection may have running at once; a client needs far fewer (held pulls are one
 # per queue), so reaching this means a runaway peer. Beyond it: SYSTEM_BUSY.
 IN_FLIGHT_MAX: Final = 4096
+# Response bytes a server connection may queue in one loop iteration before it handles no more
+# of that peer's requests until they are written: bounds what a client that sends but never
+# reads can make us hold (one maximal pull answer fits).
+WRITE_BUFFER_BYTES_MAX: Final = 8 * 1024 * 1024
 # Opaques stay within a signed 32-bit int and non-negative, as the C++ client's do.
 _OPAQUE_MASK: Final = 0x7FFFFFFF
 
@@ -75,6 +80,8 @@ class Connection:
     """
 
     __slots__ = (
+        "_backlog",
+        "_buffered_bytes",
         "_clock",
         "_close_listeners",
         "_closed",
@@ -89,6 +96,7 @@ class Connection:
         "_next_opaque",
         "_paused",
         "_pending",
+        "_read_while_blocked",
         "_request_hook",
         "_tasks",
         "_transport",
@@ -106,8 +114,14 @@ class Connection:
         frame_size_max: int,
         request_hook: RequestHook | None = None,
         in_flight_max: int = IN_FLIGHT_MAX,
+        read_while_blocked: bool = True,
     ) -> None:
         self._handlers = handlers
+        # Server side (False): while the peer does not read our responses and the transport's
+        # buffer is over its high-water mark, stop reading its requests, so a client that never
+        # reads cannot make us queue responses without bound. Clients keep reading: their peer
+        # reads independently, and pausing both sides could deadlock.
+        self._read_while_blocked = read_while_blocked
         self._clock = clock
         self._request_hook = request_hook
         self._decoder = FrameDecoder(frame_size_max)
@@ -122,6 +136,10 @@ class Connection:
         # Frames written during one loop iteration, sent together by _flush_writes: under
         # pipelining one send syscall carries many responses instead of one each.
         self._write_buffer: list[bytes] = []
+        self._buffered_bytes = 0
+        # Server side: requests read but not yet handled because the peer is not reading our
+        # responses (see `_blocked`); handled in order once it reads again.
+        self._backlog: collections.deque[RemotingCommand] = collections.deque()
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._close_listeners: list[CloseListener] = []
         self._closed = False
@@ -229,6 +247,7 @@ class Connection:
         buffer.append(head)
         if body:
             buffer.append(body)
+        self._buffered_bytes += len(head) + len(body)
         self._last_activity_ms = self._clock.monotonic_ms()
 
     def _flush_writes(self) -> None:
@@ -236,9 +255,31 @@ class Connection:
         if not buffer:
             return
         self._write_buffer = []
+        self._buffered_bytes = 0
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.writelines(buffer)
+        if self._backlog and not self._paused:
+            self._loop.call_soon(self._drain_backlog)
+
+    def _blocked(self) -> bool:
+        """Server side: the peer is not keeping up with our responses, so take no new requests."""
+        return not self._read_while_blocked and (
+            self._paused or self._buffered_bytes > WRITE_BUFFER_BYTES_MAX
+        )
+
+    def _drain_backlog(self) -> None:
+        backlog = self._backlog
+        while backlog and not self._closed and not self._blocked():
+            self._on_request(backlog.popleft())
+        transport = self._transport
+        if (
+            not backlog
+            and not self._paused
+            and transport is not None
+            and not transport.is_closing()
+        ):
+            transport.resume_reading()
 
     async def _drain(self) -> None:
         if self._closed:
@@ -321,11 +362,24 @@ class Connection:
                 logger.exception("close listener of %s failed", self.peer_text)
         self._closed_event.set()
 
+    @property
+    def reading_paused(self) -> bool:
+        """True while the server stopped reading this peer's requests (it is not reading ours)."""
+        transport = self._transport
+        return transport is not None and not transport.is_reading()
+
     def _on_pause(self) -> None:
         self._paused = True
+        if not self._read_while_blocked and self._transport is not None:
+            self._transport.pause_reading()
 
     def _on_resume(self) -> None:
         self._paused = False
+        if not self._read_while_blocked and self._transport is not None:
+            if self._backlog:
+                self._loop.call_soon(self._drain_backlog)
+            elif not self._transport.is_closing():
+                self._transport.resume_reading()
         self._wake_writers(None)
 
     def _wake_writers(self, exc: Exception | None) -> None:
@@ -350,8 +404,13 @@ class Connection:
         for cmd in commands:
             if cmd.flag & FLAG_RESPONSE:
                 self._on_response(cmd)
+            elif self._backlog or self._blocked():
+                self._backlog.append(cmd)
             else:
                 self._on_request(cmd)
+        if self._backlog and self._transport is not None:
+            # Bound the backlog to what one read delivered: read nothing more until it drains.
+            self._transport.pause_reading()
 
     def _on_response(self, cmd: RemotingCommand) -> None:
         future = self._pending.pop(cmd.opaque, None)

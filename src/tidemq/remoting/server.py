@@ -140,6 +140,7 @@ class RemotingServer:
             clock=self._clock,
             frame_size_max=self._frame_size_max,
             request_hook=self._request_hook,
+            read_while_blocked=False,
         )
         return connection_protocol(connection, self._on_open, self._on_close)
 
