@@ -24,7 +24,6 @@ The router also sends TIMER_* messages (an arbitrary delivery time) to the timer
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 from typing import Final, Protocol
@@ -34,6 +33,7 @@ import orjson
 from tidemq.broker.delay_levels import TIMER_PROPERTIES, requested_delivery_ms
 from tidemq.broker.persist import ConfigWriter, read_optional
 from tidemq.broker.restore import message_from_stored
+from tidemq.broker.service import cancel_and_wait, run_due_loop
 from tidemq.clock import Clock
 from tidemq.errors import CorruptRecordError
 from tidemq.protocol import record as rec
@@ -238,10 +238,7 @@ class ScheduleService:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self.persist()
 
     def on_dispatch(self, event: DispatchEvent) -> None:
@@ -251,14 +248,7 @@ class ScheduleService:
             self._wake.set()
 
     async def _run(self) -> None:
-        while True:
-            self._wake.clear()
-            wait_ms = self.deliver_due()
-            if wait_ms <= 0:
-                await asyncio.sleep(0)
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait_ms / 1000)
+        await run_due_loop(self._wake, self.deliver_due)
 
     # -- delivery ----------------------------------------------------------------------------
 

@@ -27,7 +27,6 @@ its records into a fresh consume queue does not deliver them twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import logging
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import orjson
 
 from tidemq.broker.persist import ConfigWriter, read_optional
 from tidemq.broker.schedule import deliver_time_of, park, restore
+from tidemq.broker.service import cancel_and_wait, run_due_loop
 from tidemq.clock import Clock
 from tidemq.protocol import record as rec
 from tidemq.protocol.message import decode_properties
@@ -166,21 +166,11 @@ class TimerWheel:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self.persist()
 
     async def _run(self) -> None:
-        while True:
-            self._wake.clear()
-            wait_ms = self.deliver_due()
-            if wait_ms <= 0:
-                await asyncio.sleep(0)
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait_ms / 1000)
+        await run_due_loop(self._wake, self.deliver_due)
 
     # -- delivery ----------------------------------------------------------------------------
 
