@@ -35,16 +35,19 @@ def _store_with_messages(root: Path, count: int) -> None:
 def test_verify_passes_on_a_clean_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _store_with_messages(tmp_path, 40)
     assert main(["store", "verify", str(tmp_path)]) == 0
-    assert "40" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "40 records in" in out
+    assert out.rstrip().endswith("OK")
 
 
-def test_verify_fails_on_a_flipped_bit(tmp_path: Path) -> None:
+def test_verify_fails_on_a_flipped_bit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _store_with_messages(tmp_path, 3)
     segment = tmp_path / "commitlog" / ("0" * 20)
     data = bytearray(segment.read_bytes())
     data[100] ^= 0x01  # inside the first record
     segment.write_bytes(bytes(data))
     assert main(["store", "verify", str(tmp_path)]) == 1
+    assert "problem: " in capsys.readouterr().out
 
 
 def test_dump_prints_at_most_limit_records(

@@ -28,7 +28,15 @@ def add_parsers(verbs: Any) -> None:
 
 def run_verify(args: argparse.Namespace) -> int:
     report = tools.verify(args.dir)
-    print(report)
+    print(
+        f"{report.records} records in {report.segments} segment(s), "
+        f"offsets [{report.first_offset}, {report.end_offset}); "
+        f"{report.consume_queues} consume queue(s); "
+        f"{'clean stop' if report.clean_stop else 'not stopped cleanly'}"
+    )
+    for problem in report.problems:
+        print(f"problem: {problem}")
+    print("OK" if report.ok else f"{len(report.problems)} problem(s)")
     return 0 if report.ok else 1
 
 
