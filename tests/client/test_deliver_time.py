@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tidemq.client.message import TIMER_DELIVER_MS, Message
+from tidemq.client.message import Message
 from tidemq.client.producer import message_properties
 from tidemq.protocol import message as pm
+from tidemq.protocol.message import TIMER_DELIVER_MS
 
 
 def test_deliver_time_becomes_the_timer_property() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tidemq import Admin, ConsumeFromWhere, Message, MessageExt, Producer, PushConsumer
-from tidemq.client.message import TIMER_DELIVER_MS
+from tidemq.protocol.message import TIMER_DELIVER_MS
 from tidemq.testing import LocalCluster, eventually, local_cluster
 
 pytestmark = pytest.mark.integration

@@ -15,15 +15,14 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from tidemq.protocol.message import TIMER_DELAY_MS, TIMER_DELAY_SEC, TIMER_DELIVER_MS
+
 DELAY_LEVELS_DEFAULT: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 # How far ahead a delivery time may lie (RocketMQ 5's timerMaxDelaySec; its default is 3 days).
 TIMER_MAX_DELAY_SEC_DEFAULT: Final = 7 * 24 * 3600
 # One queue of SCHEDULE_TOPIC_XXXX per level; the topic is registered with 18 queues.
 DELAY_LEVELS_MAX: Final = 18
 
-TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
-TIMER_DELAY_SEC: Final = "TIMER_DELAY_SEC"
-TIMER_DELAY_MS: Final = "TIMER_DELAY_MS"
 TIMER_PROPERTIES: Final = (TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS)
 
 _UNIT_MS: Final = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from tidemq.client import api
 from tidemq.client.admin import Admin
-from tidemq.client.message import TIMER_DELIVER_MS, Message, MessageExt, PullStatus
+from tidemq.client.message import Message, MessageExt, PullStatus
 from tidemq.client.producer import Producer
 from tidemq.client.route_cache import master_addresses, subscribe_queues
 from tidemq.errors import BrokerError, QueueError
@@ -68,9 +68,9 @@ _DROPPED_ON_RESEND: Final = frozenset(
         pm.TRAN_PREPARED_QUEUE_OFFSET,
         pm.TRANSACTION_CHECK_TIMES,
         pm.CLUSTER,
-        TIMER_DELIVER_MS,
-        "TIMER_DELAY_SEC",
-        "TIMER_DELAY_MS",
+        pm.TIMER_DELIVER_MS,
+        pm.TIMER_DELAY_SEC,
+        pm.TIMER_DELAY_MS,
     }
 )
 

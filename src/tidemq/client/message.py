@@ -16,7 +16,6 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final
 
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
@@ -37,10 +36,6 @@ __all__ = [
     "SendResult",
     "SendStatus",
 ]
-
-# RocketMQ 5's absolute delivery time property (ms since the epoch); the broker's
-# broker/delay_levels.py reads it (the client may not import the broker, hence the copy).
-TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,7 @@ from tidemq.protocol.headers import (
 
 from .fault import FaultTracker, select_queue
 from .instance import ClientInstance
-from .message import TIMER_DELIVER_MS, Message, MessageExt, SendResult, SendStatus
+from .message import Message, MessageExt, SendResult, SendStatus
 from .route_cache import DEFAULT_TOPIC_QUEUES_PER_BROKER, PublishInfo, publish_queues
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def message_properties(message: Message, uniq_key: str) -> dict[str, str]:
     if message.delay_level > 0:
         properties[pm.DELAY] = str(message.delay_level)
     if message.deliver_time_ms is not None:
-        properties[TIMER_DELIVER_MS] = str(message.deliver_time_ms)
+        properties[pm.TIMER_DELIVER_MS] = str(message.deliver_time_ms)
     return properties
 
 

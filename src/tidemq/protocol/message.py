@@ -170,6 +170,10 @@ KEY_SEPARATOR: Final = " "
 TAGS: Final = "TAGS"  # one tag; hashed into the consume queue
 WAIT: Final = "WAIT"  # "true": the producer waits for the store; dropped before storing
 DELAY: Final = "DELAY"  # delay level, 1..18
+# RocketMQ 5's delivery-time properties: an absolute time in ms since the epoch, or a delay.
+TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
+TIMER_DELAY_SEC: Final = "TIMER_DELAY_SEC"
+TIMER_DELAY_MS: Final = "TIMER_DELAY_MS"
 RETRY_TOPIC: Final = "RETRY_TOPIC"  # original topic of a retried message
 REAL_TOPIC: Final = "REAL_TOPIC"  # destination while parked in the schedule or half topic
 REAL_QID: Final = "REAL_QID"
