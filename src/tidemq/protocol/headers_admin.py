@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Final, Self
 
 from tidemq.protocol._fields import FieldReader, render
+from tidemq.protocol.names import TBW102
 
 TOPIC_FILTER_SINGLE_TAG: Final = "SINGLE_TAG"
 TOPIC_FILTER_MULTI_TAG: Final = "MULTI_TAG"
-_DEFAULT_TOPIC: Final = "TBW102"
 # Normal topics are readable and writable (PermName READ|WRITE).
 _PERM_READ_WRITE: Final = 6
 
@@ -27,7 +27,7 @@ class CreateTopicRequestHeader:
     """UPDATE_AND_CREATE_TOPIC (17). Inbound, only topic and the queue counts are required."""
 
     topic: str
-    default_topic: str = _DEFAULT_TOPIC
+    default_topic: str = TBW102
     read_queue_nums: int
     write_queue_nums: int
     perm: int = _PERM_READ_WRITE
@@ -54,7 +54,7 @@ class CreateTopicRequestHeader:
         r = FieldReader(cls.__name__, fields)
         return cls(
             topic=r.req_str("topic"),
-            default_topic=r.opt_str_nonempty("defaultTopic") or _DEFAULT_TOPIC,
+            default_topic=r.opt_str_nonempty("defaultTopic") or TBW102,
             read_queue_nums=r.req_int("readQueueNums"),
             write_queue_nums=r.req_int("writeQueueNums"),
             perm=r.int_or("perm", _PERM_READ_WRITE),

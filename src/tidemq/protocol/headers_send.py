@@ -18,8 +18,9 @@ from typing import Final, Self, TypeVar
 
 from tidemq.limits import PULL_SUSPEND_MS_DEFAULT
 from tidemq.protocol._fields import PLAIN_BOOLS, FieldReader, parse_plain_int, render
+from tidemq.protocol.names import TBW102
 
-DEFAULT_TOPIC: Final = "TBW102"
+DEFAULT_TOPIC: Final = TBW102
 # What every target client sends as defaultTopicQueueNums (§4.1).
 DEFAULT_TOPIC_QUEUE_NUMS: Final = 4
 # Extra response fields Java adds to every send response; clients ignore them but expect them.

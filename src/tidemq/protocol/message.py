@@ -68,6 +68,7 @@ from tidemq.protocol.names import (
     validate_group,
     validate_topic,
 )
+from tidemq.protocol.record import CRC_PROPERTY
 
 __all__ = [
     "ARRIVE_TIME",
@@ -207,8 +208,8 @@ PUSH_REPLY_TIME: Final = "PUSH_REPLY_TIME"
 CLUSTER: Final = "CLUSTER"  # added by the broker on store
 MSG_TYPE: Final = "MSG_TYPE"
 SHARDING_KEY: Final = "__SHARDINGKEY"
-# TideMQ's whole-record CRC property (store brief; RocketMQ 5 uses the same name).
-CRC32_PROPERTY: Final = "__CRC32#"
+# TideMQ's whole-record CRC property, defined with the record layout it belongs to.
+CRC32_PROPERTY: Final = CRC_PROPERTY
 
 NAME_VALUE_SEPARATOR: Final = "\x01"
 PROPERTY_SEPARATOR: Final = "\x02"
