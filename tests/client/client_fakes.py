@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,13 +21,10 @@ from tidemq.protocol.record import encode_record
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.remoting.server import RemotingServer
+from tidemq.testing.wait import eventually
 
-
-async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Await a condition on state other tasks change (the client exposes no event for it)."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110 - polling observable state, bounded by timeout
-            await asyncio.sleep(0.01)
+# Awaits a condition on state other tasks change (the client exposes no event for it).
+until = eventually
 
 
 Reply = Callable[[RemotingCommand], RemotingCommand | None]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -35,12 +35,6 @@ async def cluster(tmp_path: Path) -> AsyncIterator[object]:
     testing = pytest.importorskip("tidemq.testing")
     async with testing.local_cluster(tmp_path) as running:
         yield running
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110 - state changed by client tasks, bounded
-            await asyncio.sleep(0.02)
 
 
 async def test_send_and_pull_round_trip(cluster):
@@ -122,8 +116,8 @@ async def test_push_consumers_split_queues_and_commit_offsets(cluster):
             consumer.register_listener(lambda msgs: got.extend(m.body for m in msgs))
             await consumer.start()
             consumers.append(consumer)
-        await until(lambda: sorted(len(topic_queues(c)) for c in consumers) == [2, 2])
-        await until(lambda: len(set(got)) == 20)
+        await eventually(lambda: sorted(len(topic_queues(c)) for c in consumers) == [2, 2])
+        await eventually(lambda: len(set(got)) == 20)
         for consumer in consumers:
             await consumer.shutdown()
         # A restarted group member resumes after the committed offsets: old messages not again.
@@ -132,9 +126,9 @@ async def test_push_consumers_split_queues_and_commit_offsets(cluster):
         late.subscribe("PushTopic")
         late.register_listener(lambda msgs: got.extend(m.body for m in msgs))
         await late.start()
-        await until(lambda: len(topic_queues(late)) == 4)
+        await eventually(lambda: len(topic_queues(late)) == 4)
         await producer.send(Message("PushTopic", b"after"))
-        await until(lambda: b"after" in got)
+        await eventually(lambda: b"after" in got)
         await late.shutdown()
     assert got == [b"after"]
     async with Admin(cluster.namesrv_addr) as admin:
@@ -161,7 +155,7 @@ async def test_orderly_consumer_keeps_per_key_order(cluster):
     consumer.subscribe("OrderTopic")
     consumer.register_listener(listener)
     await consumer.start()
-    await until(lambda: len(seen) == 30)
+    await eventually(lambda: len(seen) == 30)
     await consumer.shutdown()
     for key in "012":
         numbers = [int(s.split(":")[1]) for s in seen if s.startswith(f"{key}:")]
