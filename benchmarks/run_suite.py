@@ -326,16 +326,7 @@ def describe_machine() -> str:
 def rss_note(run: Run) -> str:
     for row in run.rows:
         if row["key"] == "rss" and "error" not in row["median"]:
-            m = row["median"]
-            mib = 2**20
-            return (
-                f"Broker RSS (`tidemq dev`, VmRSS / RssAnon / RssFile MiB): before "
-                f"{m.get('before_VmRSS', 0) / mib:.0f} / {m.get('before_RssAnon', 0) / mib:.0f} / "
-                f"{m.get('before_RssFile', 0) / mib:.0f}, after a {m['backlog_mib']:.0f} MiB "
-                f"backlog written at {m['write_mib_s']:.0f} MiB/s and never consumed: "
-                f"{m.get('after_VmRSS', 0) / mib:.0f} / {m.get('after_RssAnon', 0) / mib:.0f} / "
-                f"{m.get('after_RssFile', 0) / mib:.0f}."
-            )
+            return cases.describe_rss(row["median"])
     return "Broker RSS: not measured."
 
 

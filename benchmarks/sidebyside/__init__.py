@@ -11,4 +11,5 @@ change:
     capacity.py      server capacity: raw-frame load generator processes, redis-benchmark
     cpp_producer.py  the official C++ client (PyPI rocketmq 0.4.4) as a subprocess
     report.py        the Markdown table appended to benchmarks/RESULTS.md
+    rss.py           the broker RSS case alone, with a backlog of any size
 """

@@ -252,44 +252,98 @@ async def transactions(address: str, options: Options) -> dict[str, Any]:
     }
 
 
-async def broker_rss(address: str, pid: int, options: Options) -> dict[str, Any]:
-    """RSS of the `tidemq dev` process before and after writing `backlog_bytes` (never consumed).
+RSS_SAMPLE_S = 0.05  # how often the RSS case samples the broker's resident set
+RSS_SETTLE_S = 1.5  # three ASYNC_FLUSH intervals: the flush releases what it has synced
+RSS_WRITE_S_MAX = 300.0
+RSS_CONSUME_S_MAX = 600.0
 
-    Bodies of 64 KiB in batches keep the backlog's write time short; RssFile counts the commit
-    log's mapped pages the kernel has resident, RssAnon the Python heap.
+
+async def broker_rss(address: str, pid: int, options: Options) -> dict[str, Any]:
+    """RSS of the `tidemq dev` process while a backlog of `backlog_bytes` is written, then while
+    one consumer catches up through all of it.
+
+    Bodies of 64 KiB in batches keep the backlog's write time short; RssFile counts the store's
+    mapped pages the broker has resident, RssAnon the Python heap. Figures: `before`, `after`
+    (right after the last send), `settled` (after RSS_SETTLE_S, once flushes ran), the peaks
+    (VmRSS sampled every RSS_SAMPLE_S) during the write and during the catch-up read, and
+    `consumed` (settled after the read).
     """
     from sidebyside.servers import rss_bytes
     from tidemq import Message
 
+    peak = {"VmRSS": 0}
+
+    async def sample() -> None:
+        while True:
+            peak["VmRSS"] = max(peak["VmRSS"], rss_bytes(pid).get("VmRSS", 0))
+            await asyncio.sleep(RSS_SAMPLE_S)
+
+    def snapshot(name: str) -> dict[str, int]:
+        return {f"{name}_{k}": v for k, v in rss_bytes(pid).items() if k != "VmHWM"}
+
     driver = DRIVERS["tidemq"](address, options)
     await driver.connect()
+    sampler = asyncio.create_task(sample())
     try:
         await driver.reset()
-        before = rss_bytes(pid)
+        figures = snapshot("before")
         body = payload(64 * 1024)
         topic = driver.state()["topic"]
         producer: Any = getattr(driver, "producer")  # noqa: B009 (TideDriver only)
         count = options.backlog_bytes // len(body)
         written = 0
+        peak["VmRSS"] = 0
         start = time.monotonic()
 
         async def worker() -> None:
             nonlocal written
-            while written < count and time.monotonic() - start < 120:
+            while written < count and time.monotonic() - start < RSS_WRITE_S_MAX:
                 written += 16
                 await producer.send_batch([Message(topic, body) for _ in range(16)])
 
         await asyncio.gather(*(worker() for _ in range(4)))
         elapsed = time.monotonic() - start
-        after = rss_bytes(pid)
+        figures |= snapshot("after")
+        figures["write_peak_VmRSS"] = peak["VmRSS"]
+        await asyncio.sleep(RSS_SETTLE_S)
+        figures |= snapshot("settled")
+        peak["VmRSS"] = 0
+        start = time.monotonic()
+        got = await driver.consume(written, start + RSS_CONSUME_S_MAX)
+        consume_s = time.monotonic() - start
+        figures["consume_peak_VmRSS"] = peak["VmRSS"]
+        await asyncio.sleep(RSS_SETTLE_S)
+        figures |= snapshot("consumed")
     finally:
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
         await driver.close()
     return {
         "backlog_mib": written * len(body) / 2**20,
         "write_mib_s": written * len(body) / elapsed / 2**20,
-        **{f"before_{k}": v for k, v in before.items()},
-        **{f"after_{k}": v for k, v in after.items()},
+        "consumed_mib": got * len(body) / 2**20,
+        "consume_mib_s": got * len(body) / consume_s / 2**20,
+        **figures,
     }
+
+
+def describe_rss(m: dict[str, Any]) -> str:
+    """One sentence of the RSS case's figures (cases.broker_rss), in MiB."""
+
+    def three(name: str) -> str:
+        return " / ".join(
+            f"{m.get(f'{name}_{k}', 0) / 2**20:.0f}" for k in ("VmRSS", "RssAnon", "RssFile")
+        )
+
+    return (
+        f"Broker RSS (`tidemq dev`, VmRSS / RssAnon / RssFile MiB): before {three('before')}; "
+        f"a {m['backlog_mib']:.0f} MiB backlog written at {m['write_mib_s']:.0f} MiB/s: "
+        f"peak VmRSS {m.get('write_peak_VmRSS', 0) / 2**20:.0f}, right after "
+        f"{three('after')}, {RSS_SETTLE_S:g} s later {three('settled')}; one consumer "
+        f"reading {m.get('consumed_mib', 0):.0f} MiB of it from the start at "
+        f"{m.get('consume_mib_s', 0):.0f} MiB/s: peak VmRSS "
+        f"{m.get('consume_peak_VmRSS', 0) / 2**20:.0f}, then {three('consumed')}."
+    )
 
 
 def cpp_produce(

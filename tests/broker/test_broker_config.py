@@ -160,3 +160,16 @@ def test_corrupt_policy_maps_to_the_store(tmp_path: Path) -> None:
     )
     app = BrokerApp(config, FakeClock())
     assert app.store.config.corrupt_policy is CorruptPolicy.QUARANTINE
+
+
+def test_commit_log_resident_bytes_maps_to_the_store(tmp_path: Path) -> None:
+    from tidemq.broker.app import BrokerApp
+    from tidemq.clock import FakeClock
+
+    assert BrokerConfig().commit_log_resident_bytes == 64 * 1024 * 1024
+    with pytest.raises(ConfigError, match="commitLogResidentBytes"):
+        load_broker_config(None, {}, {"commitLogResidentBytes": "-1"})
+    config = load_broker_config(
+        None, {}, {"commitLogResidentBytes": "0", "storePathRootDir": str(tmp_path)}
+    )
+    assert BrokerApp(config, FakeClock()).store.config.commit_log_resident_bytes == 0

@@ -34,7 +34,7 @@ from tidemq.broker.delay_levels import (
     TIMER_MAX_DELAY_SEC_DEFAULT,
     parse_delay_levels,
 )
-from tidemq.broker.properties import parse_properties
+from tidemq.broker.properties import parse_bool, parse_properties
 from tidemq.errors import QueueError
 from tidemq.limits import (
     BROKER_REGISTER_INTERVAL_MS,
@@ -44,6 +44,7 @@ from tidemq.limits import (
     CONSUME_QUEUE_FILE_ENTRIES_DEFAULT,
     MESSAGE_BODY_SIZE_MAX,
 )
+from tidemq.store.config import COMMIT_LOG_RESIDENT_BYTES_DEFAULT
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class BrokerConfig:
     # What start-up does with commit-log corruption that is not a torn tail (store/recovery.py):
     # "refuse" to start, or "quarantine" the damaged segments and start from the valid prefix.
     corrupt_policy: str = "refuse"
+    commit_log_resident_bytes: int = COMMIT_LOG_RESIDENT_BYTES_DEFAULT
 
     def __post_init__(self) -> None:
         def bad(key: str, value: object, why: str) -> ConfigError:
@@ -149,6 +151,8 @@ class BrokerConfig:
             raise bad("fileReservedTime", self.file_reserved_time_hours, "must be > 0")
         if self.corrupt_policy not in ("refuse", "quarantine"):
             raise bad("corruptPolicy", self.corrupt_policy, "must be refuse or quarantine")
+        if self.commit_log_resident_bytes < 0:
+            raise bad("commitLogResidentBytes", self.commit_log_resident_bytes, "must be >= 0")
         if not 0 <= self.broker_permission <= _PERM_ALL:
             raise bad("brokerPermission", self.broker_permission, "must be 0..15")
         for key, value in (
@@ -206,15 +210,6 @@ def _check_addr(key: str, addr: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Key table: RocketMQ key(s) → field, with parser, renderer and the comment for the example conf.
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
 
 
 def _parse_int(text: str) -> int:
@@ -284,7 +279,7 @@ _KEYS: Final[tuple[_Key, ...]] = (
     _Key(
         "vipChannelEnabled",
         "vip_channel_enabled",
-        _parse_bool,
+        parse_bool,
         "Also listen on listenPort-2 (Java 4.4/4.5 clients send there by default).",
     ),
     _Key(
@@ -315,7 +310,7 @@ _KEYS: Final[tuple[_Key, ...]] = (
     _Key(
         "autoCreateTopicEnable",
         "auto_create_topic_enable",
-        _parse_bool,
+        parse_bool,
         "Create unknown topics on first send (registers TBW102; needed by the C++ client).",
     ),
     _Key(
@@ -327,22 +322,17 @@ _KEYS: Final[tuple[_Key, ...]] = (
     _Key(
         "autoCreateSubscriptionGroup",
         "auto_create_subscription_group",
-        _parse_bool,
+        parse_bool,
         "Create unknown consumer groups on first use.",
     ),
-    _Key("longPollingEnable", "long_polling_enable", _parse_bool, "Hold empty pulls until data."),
+    _Key("longPollingEnable", "long_polling_enable", parse_bool, "Hold empty pulls until data."),
     _Key(
         "shortPollingTimeMills",
         "short_polling_ms",
         _parse_int,
         "Hold time (ms) of an empty pull when long polling is off.",
     ),
-    _Key(
-        "flushIntervalCommitLog",
-        "flush_interval_ms",
-        _parse_int,
-        "ASYNC_FLUSH period (ms).",
-    ),
+    _Key("flushIntervalCommitLog", "flush_interval_ms", _parse_int, "ASYNC_FLUSH period (ms)."),
     _Key(
         "syncFlushTimeout",
         "sync_flush_timeout_ms",
@@ -402,7 +392,7 @@ _KEYS: Final[tuple[_Key, ...]] = (
     _Key(
         "rejectTransactionMessage",
         "reject_transaction_message",
-        _parse_bool,
+        parse_bool,
         "Refuse transactional (half) messages with NO_PERMISSION.",
     ),
     _Key(
@@ -431,13 +421,20 @@ _KEYS: Final[tuple[_Key, ...]] = (
     ),
     _Key("messageDelayLevel", "message_delay_level", _parse_str, "Delay levels 1..N (s m h d)."),
     _Key("timerMaxDelaySec", "timer_max_delay_sec", _parse_int, "Latest TIMER_DELIVER_MS, s."),
-    _Key("enablePropertyFilter", "enable_property_filter", _parse_bool, "Allow SQL92 filters."),
+    _Key("enablePropertyFilter", "enable_property_filter", parse_bool, "Allow SQL92 filters."),
     _Key(
         "corruptPolicy",
         "corrupt_policy",
         _parse_str,
         "refuse | quarantine: commit-log corruption other than a torn tail stops the start, or"
         " moves the damaged segments to <root>/quarantine/.",
+    ),
+    _Key(
+        "commitLogResidentBytes",
+        "commit_log_resident_bytes",
+        _parse_int,
+        "Commit-log bytes behind the write position kept in the broker's memory (RSS) for tail"
+        " readers; older pages are released to the page cache once flushed (TideMQ extension).",
     ),
 )
 

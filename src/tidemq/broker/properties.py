@@ -1,4 +1,5 @@
-"""Java .properties text (the format of RocketMQ's broker.conf) as ordered (key, value) pairs.
+"""Java .properties text (the format of RocketMQ's broker.conf) as ordered (key, value) pairs,
+and the boolean values such files spell in several ways.
 
 Supported: `key=value`, `key: value` and `key value`; `#` and `!` comment lines; a trailing odd
 backslash continues the logical line; escapes \\t \\n \\r \\f, \\uXXXX and backslash-anything.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["parse_properties"]
+__all__ = ["parse_bool", "parse_properties"]
 
 
 def parse_properties(text: str) -> list[tuple[str, str]]:
@@ -34,6 +35,16 @@ def parse_properties(text: str) -> list[tuple[str, str]]:
         if key:
             pairs.append((key, value))
     return pairs
+
+
+def parse_bool(text: str) -> bool:
+    """true/false, 1/0, yes/no, on/off (any case); anything else raises ValueError."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
 
 
 def _split_property(line: str) -> tuple[str, str]:

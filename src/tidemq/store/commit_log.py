@@ -17,6 +17,12 @@ and the marker is always there to say "continue in the next file".
 `LogScanner` walks the log from an offset, checking every record's CRC, and stops at the first
 thing that is neither a valid record nor a valid blank marker: that offset is the log's end.
 Recovery, `verify` and `dump` all use it.
+
+Resident memory: each `flush` releases the flushed pages more than `resident_bytes` behind the
+write position, and the pages readers faulted back in below that (mapped_file.py), so the
+log's share of the broker's RSS is about `resident_bytes` plus what is not flushed yet plus what
+readers touch between two flushes, whatever the backlog. The scanner releases each segment it
+has walked through, so recovering or verifying a long log does not map all of it at once.
 """
 
 from __future__ import annotations
@@ -27,14 +33,25 @@ from pathlib import Path
 
 from tidemq.errors import CorruptRecordError
 from tidemq.protocol import record as rec
+from tidemq.store.config import COMMIT_LOG_RESIDENT_BYTES_DEFAULT
 from tidemq.store.mapped_file import MappedFile, MappedFileQueue
 
 logger = logging.getLogger(__name__)
 
 
 class CommitLog:
-    def __init__(self, directory: Path, file_size: int, *, read_only: bool = False):
+    def __init__(
+        self,
+        directory: Path,
+        file_size: int,
+        *,
+        read_only: bool = False,
+        resident_bytes: int = COMMIT_LOG_RESIDENT_BYTES_DEFAULT,
+    ):
+        """`resident_bytes`: the tail behind the write position kept mapped (StoreConfig)."""
+        assert resident_bytes >= 0
         self.file_size = file_size
+        self.resident_bytes = resident_bytes
         self.files = MappedFileQueue(directory, file_size, read_only=read_only)
 
     def load(self) -> None:
@@ -131,8 +148,10 @@ class CommitLog:
         return mf.read(pos, min(size_max, mf.wrote - pos))
 
     def flush(self) -> int:
-        """msync up to the current end; returns the flushed physical offset."""
+        """Sync up to the current end, then release what is flushed and behind the resident
+        tail (module docstring); returns the flushed physical offset."""
         self.files.flush()
+        self.files.release(self.resident_bytes)
         return self.flushed_offset
 
     def truncate(self, offset: int) -> int:
@@ -167,6 +186,8 @@ class LogScanner:
                 self._stop(offset, f"segment {mf.path.name} does not start at {offset}")
                 return
             pos = offset - mf.start_offset
+            if pos < mf.touched_from:
+                mf.touched_from = pos
             while True:
                 if pos + rec.BLANK_MARKER_SIZE > mf.size:
                     self._stop(offset, "segment ends without a blank marker")
@@ -178,6 +199,7 @@ class LogScanner:
                         self._stop(offset, "end")
                         return
                     offset = mf.end_offset
+                    mf.release(mf.size)  # walked through: unmap it before the next one
                     break
                 if size == 0 and magic == 0:
                     self._stop(offset, "end")

@@ -5,12 +5,17 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from tidemq.limits import (
     COMMIT_LOG_FILE_SIZE_DEFAULT,
     CONSUME_QUEUE_FILE_ENTRIES_DEFAULT,
     MESSAGE_BODY_SIZE_MAX,
 )
+
+# Commit-log bytes behind the write position kept mapped in the broker's resident set: tail
+# consumers read them without a page fault. Older flushed pages are released (commit_log.py).
+COMMIT_LOG_RESIDENT_BYTES_DEFAULT: Final = 64 * 1024 * 1024
 
 
 class CorruptPolicy(enum.Enum):
@@ -51,6 +56,8 @@ class StoreConfig:
     index_entry_count: int = 400_000
     # Corruption below the flushed offset or before valid records: refuse, or quarantine.
     corrupt_policy: CorruptPolicy = CorruptPolicy.REFUSE
+    # Mapped commit-log tail kept resident (RSS); flushed pages further back are released.
+    commit_log_resident_bytes: int = COMMIT_LOG_RESIDENT_BYTES_DEFAULT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root_dir", Path(self.root_dir))
@@ -71,3 +78,5 @@ class StoreConfig:
             raise ValueError("message_size_max must be >= 1")
         if self.index_slot_count < 1 or self.index_entry_count < 2:
             raise ValueError("index_slot_count must be >= 1 and index_entry_count >= 2")
+        if self.commit_log_resident_bytes < 0:
+            raise ValueError("commit_log_resident_bytes must be >= 0")

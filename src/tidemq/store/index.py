@@ -18,6 +18,10 @@ and disk are bounded per file; a full file is closed and a new one started. Look
 chain newest-first; hashes collide, so callers confirm each hit against the record itself (the
 store reads the record and compares topic and keys), which also makes stale entries beyond a
 truncated log harmless.
+
+Resident memory: only the newest file is written. A full file's `wrote` is set to its size, so
+once flushed, `flush` releases its pages from the broker's resident set (and again after a
+query touched them; mapped_file.py): the index's share of RSS is about one file.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class IndexFile:
             self.count = 1
         elif slots != slot_count or not 1 <= self.count <= entry_count:
             raise StoreError(f"{mf.path}: index header slots={slots} count={self.count} invalid")
+        if self.full:
+            mf.wrote = mf.size  # no more writes: all of it is released once flushed
 
     @staticmethod
     def file_size(slot_count: int, entry_count: int) -> int:
@@ -104,6 +110,8 @@ class IndexFile:
             index += 1
         self.count = n
         self.write_header()
+        if self.full:
+            self.mf.wrote = self.mf.size  # after the bytes it covers, as for appends
         return index
 
     def write_header(self) -> None:
@@ -122,6 +130,7 @@ class IndexFile:
         """Physical offsets of entries for `key` (hash matches), newest first."""
         h = key_hash(key)
         slot_pos = INDEX_HEADER.size + (h % self.slot_count) * INDEX_SLOT.size
+        self.mf.touched_from = 0  # the chain may lead anywhere in the file
         (n,) = INDEX_SLOT.unpack_from(self.mf.mm, slot_pos)
         found: list[int] = []
         steps = 0
@@ -221,8 +230,14 @@ class IndexService:
         return removed
 
     def flush(self) -> None:
-        for index_file in list(self.files):
+        """Sync every file; release the full ones' flushed pages (the newest stays mapped)."""
+        files = list(self.files)
+        for index_file in files:
             index_file.mf.flush_all()
+        for index_file in files:
+            mf = index_file.mf
+            if mf.released < mf.size or mf.touched_from < mf.size:
+                mf.release(mf.size)
 
     def close(self) -> None:
         for index_file in self.files:

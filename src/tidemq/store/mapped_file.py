@@ -14,6 +14,30 @@ to which a flush has returned. The queue's owner sets `wrote` on load (recovery 
 Threads: the event-loop thread appends; a flush thread calls `flush`. The segment list is
 guarded by `lock` for structural changes (add, delete, close); writes to a mapped page need no
 lock, and `flush` only reads `wrote`, whose update follows the bytes it covers.
+
+Resident pages. Every page written or read through a mapping stays in the process's resident
+set (RssFile) until unmapped, so without help the broker's RSS would grow with the backlog it
+has touched. `release` gives pages back with madvise(MADV_DONTNEED) after they are flushed:
+
+    segment   [ released | flushed, not yet released  | unflushed (dirty) ]
+              0          released                     flushed            wrote
+              `-- not mapped: a read faults the page back in from the page cache (~0.2 us/page)
+
+The owner (the flush thread, after a flush) releases the flushed pages further than a kept
+tail behind the write position, each page once, and again the pages readers faulted back in
+below that point: `find_file` notes the lowest position looked up since the last pass in
+`touched_from` (catch-up consumers, key queries, recovery scans). A reader that walks a whole
+file (the log scanner, a consume queue read to its end) releases it at once. Releasing from two
+threads is harmless: at worst a range is released twice or a touched page waits a pass.
+
+Only flushed ranges are released. On Linux, MADV_DONTNEED on a MAP_SHARED file mapping only
+drops this process's page table entries: the data lives in the page cache, and a dirty page's
+dirty bit moves to the page cache page (zap_pte_range marks the folio dirty), so even an
+unflushed page would keep its bytes and still be written back (tests/store/test_resident.py
+reads one back through the map and through read()). We release only flushed ranges anyway:
+nothing then depends on that kernel detail, and a flushed page is clean, so dropping it costs no
+writeback. Private or anonymous mappings would lose data this way; ours are all MAP_SHARED.
+Where MADV_DONTNEED is missing (not Linux), `release` does nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +55,12 @@ logger = logging.getLogger(__name__)
 
 SEGMENT_NAME_DIGITS: Final = 20
 _PAGE: Final = mmap.PAGESIZE
+# A read fault maps the cached pages around it too, this many bytes aligned (Linux's default
+# fault_around_bytes), so a touched position releases from this boundary below it.
+_FAULT_AROUND_BYTES: Final = 64 * 1024
+# madvise needs a page-aligned start; our offsets are relative to the page-aligned mapping.
+assert _FAULT_AROUND_BYTES % _PAGE == 0
+_MADV_DONTNEED: Final[int | None] = getattr(mmap, "MADV_DONTNEED", None)
 
 
 def segment_name(start_offset: int) -> str:
@@ -55,6 +85,10 @@ class MappedFile:
         self.read_only = read_only
         self.wrote = 0
         self.flushed = 0
+        # Pages below `released` were released once flushed (writer side, see module docstring).
+        self.released = 0
+        # Lowest position looked up since the last release pass; `size` when none was.
+        self.touched_from = size
         actual = path.stat().st_size
         if actual != size:
             raise StoreError(f"{path}: {actual} bytes, expected {size} (segment size changed?)")
@@ -123,6 +157,7 @@ class MappedFile:
             at += n
         self.wrote = pos
         self.flushed = min(self.flushed, pos)
+        self.released = min(self.released, pos - pos % _PAGE)
 
     def flush(self) -> int:
         """Make the bytes written since the last flush durable; returns the flushed position."""
@@ -134,8 +169,42 @@ class MappedFile:
 
     def flush_all(self) -> None:
         if not self.read_only:
+            wrote = self.wrote  # before the sync: a later `wrote` may cover unsynced bytes
             os.fdatasync(self._fd)
-            self.flushed = self.wrote
+            self.flushed = wrote
+
+    def release(self, limit: int, step: int = 0) -> int:
+        """Unmap from this process the flushed pages below `limit` (relative position): those not
+        released before, and those touched since the last call. Returns the bytes released.
+
+        The pages stay in the page cache; a later read faults them back in. Ranges at or above
+        `flushed` are never released, and a partial last page only once the whole file is.
+        Unless pages were touched or the file is done, nothing happens until at least `step`
+        bytes can go (one madvise per step, not one per group-commit flush).
+        """
+        end = min(limit, self.flushed)
+        if end < self.size:
+            end -= end % _PAGE
+        start = self.released
+        touched = self.touched_from
+        if touched < end:
+            # This pass covers every touched page below `end` (those above are released when
+            # the writer side reaches them). Reset first: a racing read marks for the next pass.
+            self.touched_from = self.size
+            start = min(start, touched - touched % _FAULT_AROUND_BYTES)
+        elif end - start < step and end < self.size:
+            return 0
+        if end <= start or self.mm.closed or _MADV_DONTNEED is None:
+            return 0
+        try:
+            self.mm.madvise(_MADV_DONTNEED, start, end - start)
+        except OSError as exc:
+            # Only memory is at stake: keep the pages mapped rather than fail the flush.
+            logger.warning("%s: madvise of [%d, %d) failed: %s", self.path, start, end, exc)
+            return 0
+        if end > self.released:
+            self.released = end
+        return end - start
 
     def close(self) -> None:
         if not self.mm.closed:
@@ -214,11 +283,18 @@ class MappedFileQueue:
             return None
         index = (offset - files[0].start_offset) // self.file_size
         if index < len(files) and files[index].start_offset <= offset < files[index].end_offset:
-            return files[index]
-        for mf in files:  # a gap on load: fall back to a linear search
-            if mf.start_offset <= offset < mf.end_offset:
-                return mf
-        return None
+            mf = files[index]
+        else:
+            for mf in files:  # a gap on load: fall back to a linear search
+                if mf.start_offset <= offset < mf.end_offset:
+                    break
+            else:
+                return None
+        # Readers come through here: note how far down this segment was touched (`release`).
+        pos = offset - mf.start_offset
+        if pos < mf.touched_from:
+            mf.touched_from = pos
+        return mf
 
     def truncate(self, offset: int) -> int:
         """Drop everything at and after `offset`; returns how many segments were deleted."""
@@ -249,6 +325,23 @@ class MappedFileQueue:
             files = list(self.files)
         for mf in files:
             mf.flush()
+
+    def release(self, keep_bytes: int) -> int:
+        """Release flushed pages more than `keep_bytes` behind the end (see MappedFile.release),
+        in steps of an eighth of that, so at most 9/8 of it stays; returns the bytes released.
+        Called by the flush thread under the owner's flush lock, which also guards against
+        segments being closed meanwhile."""
+        with self.lock:
+            files = list(self.files)
+        if not files:
+            return 0
+        limit = files[-1].start_offset + files[-1].wrote - keep_bytes
+        step = keep_bytes // 8
+        released = 0
+        for mf in files:
+            if mf.released < mf.size or mf.touched_from < mf.size:
+                released += mf.release(limit - mf.start_offset, step)
+        return released
 
     def close(self) -> None:
         with self.lock:
