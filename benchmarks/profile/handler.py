@@ -1,12 +1,13 @@
 """CPU µs per 1 KiB message inside the broker's send handler, without sockets or a client.
 
 A BrokerApp on a temporary directory (ASYNC_FLUSH); the SEND handler is called directly with
-prebuilt requests: single SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE of 64 (the client's own
-properties: UNIQ_KEY and WAIT). Measures the event-loop thread's CPU time, which other processes
-on the shared cores disturb much less than a msg/s figure. Frame decode and socket I/O are not
-included.
+prebuilt requests: single SEND_MESSAGE_V2 one per loop turn ("single", a lone send), 32 per loop
+turn ("turn32": pipelined sends the coalescer stores with one put), and SEND_BATCH_MESSAGE of 64
+(the client's own properties: UNIQ_KEY and WAIT). Measures the event-loop thread's CPU time,
+which other processes on the shared cores disturb much less than a msg/s figure. Frame decode
+and socket I/O are not included.
 
-Usage: python benchmarks/profile/handler.py [COUNT] [--only single|batch64] [--profile OUT]
+Usage: python benchmarks/profile/handler.py [COUNT] [--only single|turn32|batch64] [--profile OUT]
 """
 
 from __future__ import annotations
@@ -28,10 +29,24 @@ from tidemq.protocol.headers_send import SendMessageRequestHeader
 from tidemq.protocol.message import BatchItem, encode_batch, encode_properties
 
 BATCH = 64
+TURN = 32
 
 
 class _Peer:
+    """The connection a handler sees: answers deferred by the coalescer are checked here."""
+
     peer = ("127.0.0.1", 40000)
+    answered = 0
+
+    def defer(self, request: RemotingCommand) -> None:
+        pass
+
+    def respond(self, request: RemotingCommand, response: RemotingCommand) -> None:
+        assert response.code == 0, response.remark
+        self.answered += 1
+
+    def respond_frame(self, request: RemotingCommand, frame: bytes) -> None:
+        self.answered += 1
 
 
 def _request(code: int, body: bytes, properties: str | None, batch: bool) -> RemotingCommand:
@@ -77,15 +92,20 @@ async def run(count: int, profiler: cProfile.Profile | None, only: str | None) -
                 for b in range(count // BATCH)
             ]
             await handle(peer, singles[0])  # creates the topic
-            for name, requests, per in (("single", singles, 1), ("batch64", batches, BATCH)):
+            await asyncio.sleep(0)
+            shapes = (("single", singles, 1, 1), ("turn32", singles, 1, TURN))
+            for name, requests, per, turn in (*shapes, ("batch64", batches, BATCH, 1)):
                 if only and name != only:
                     continue
                 if profiler:
                     profiler.enable()
                 cpu = time.thread_time()
-                for request in requests:
+                for n, request in enumerate(requests):
                     response = await handle(peer, request)
-                    assert response.code == 0, response.remark
+                    assert response is None or response.code == 0, response.remark
+                    if n % turn == turn - 1:
+                        await asyncio.sleep(0)  # the loop turn ends: the coalescer stores
+                await asyncio.sleep(0)
                 cpu = time.thread_time() - cpu
                 if profiler:
                     profiler.disable()
@@ -97,7 +117,7 @@ async def run(count: int, profiler: cProfile.Profile | None, only: str | None) -
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("count", type=int, nargs="?", default=32_000)
-    parser.add_argument("--only", choices=["single", "batch64"])
+    parser.add_argument("--only", choices=["single", "turn32", "batch64"])
     parser.add_argument("--profile")
     args = parser.parse_args()
     profiler = cProfile.Profile() if args.profile else None

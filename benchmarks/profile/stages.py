@@ -1,8 +1,10 @@
 """µs per 1 KiB SEND_MESSAGE_V2 for each broker stage, in isolation (the ARCHITECTURE.md model).
 
-Stages: frame decode (bytes → RemotingCommand), header parse (extFields → typed header), store
-append + dispatch (put_message on a real store in a temporary directory, no flush), response
-encode (response header → frame bytes). Socket reads/writes and the event loop are not here;
+Stages: frame decode (bytes → RemotingCommand), header parse (extFields → typed header, and the
+send handler's fast path), store append + dispatch (put_message on a real store in a temporary
+directory, no flush; and put_each of 256 single sends, what the send coalescer makes of one loop
+turn of pipelined sends), response encode (response header → frame bytes; and the coalescer's
+template). Socket reads/writes and the event loop are not here;
 benchmarks/profile/run.sh measures the whole broker's CPU per message.
 
 Usage: python benchmarks/profile/stages.py
@@ -15,6 +17,8 @@ import tempfile
 import timeit
 from pathlib import Path
 
+from tidemq.broker.handlers.send_coalesce import success_frame
+from tidemq.broker.handlers.send_header import parse_send_header
 from tidemq.clock import SystemClock
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.frame import FrameDecoder, RemotingCommand, encode, encode_parts
@@ -68,6 +72,10 @@ def main() -> None:
         encode_parts(request.response(0, response_fields))
 
     results["response encode"] = per_call_us(respond)
+    results["  send handler's header fast path"] = per_call_us(lambda: parse_send_header(fields))
+    results["  response from the template"] = per_call_us(
+        lambda: success_frame(7, offset_msg_id("127.0.0.1", 10911, 123_456), 3, 99)
+    )
     with tempfile.TemporaryDirectory(prefix="tidemq-stages-") as tmp:
         store = FileMessageStore(StoreConfig(root_dir=Path(tmp)), SystemClock())
         store.start()
@@ -86,14 +94,22 @@ def main() -> None:
                     born_host=("127.0.0.1", 40000),
                     store_host=("127.0.0.1", 10911),
                 )
-                for index in range(COUNT * 3)
+                for index in range(COUNT * 6)
             ]
         )
         results["store append + dispatch"] = per_call_us(lambda: store.put_message(next(messages)))
+        group = 256
+        results[f"  put_each of {group}, per message"] = (
+            per_call_us(
+                lambda: store.put_each([next(messages) for _ in range(group)]), COUNT // group
+            )
+            / group
+        )
         store.shutdown()
     for name, micros in results.items():
-        print(f"{name:<26} {micros:6.1f} µs")
-    print(f"{'sum':<26} {sum(results.values()):6.1f} µs")
+        print(f"{name:<34} {micros:6.1f} µs")
+    total = sum(micros for name, micros in results.items() if not name.startswith(" "))
+    print(f"{'sum (first lines)':<34} {total:6.1f} µs")
 
 
 if __name__ == "__main__":

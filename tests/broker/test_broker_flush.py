@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from broker_harness import messages, running_broker
@@ -97,3 +98,63 @@ async def test_sync_flush_broker(tmp_path: Path) -> None:
         assert {r.code for r in responses} == {ResponseCode.SUCCESS}
         assert broker.app.store.flushed_physical_offset >= broker.app.store.max_physical_offset
         assert len(messages(await broker.pull("TopicS"))) == 20
+
+
+async def test_callback_waiters_are_released_by_one_flush() -> None:
+    # A group of sends waits as one callback: no future, no task.
+    log = _Log()
+    service = FlushService(log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=5000)
+    service.start()
+    try:
+        log.end = 300
+        released: list[tuple[str, bool]] = []
+        done = asyncio.Event()
+
+        def waiter(name: str) -> Callable[[bool], None]:
+            def release(flushed: bool) -> None:
+                released.append((name, flushed))
+                if len(released) == 3:
+                    done.set()
+
+            return release
+
+        def broken(flushed: bool) -> None:
+            raise RuntimeError("a waiter's own failure")
+
+        service.on_flushed(100, waiter("a"))
+        service.on_flushed(200, broken)
+        service.on_flushed(300, waiter("b"))
+        assert service.waiting == 3
+        await asyncio.wait_for(service.wait_flushed(300), 5)
+        service.on_flushed(300, waiter("flushed already"))  # called at once
+        await asyncio.wait_for(done.wait(), 5)
+        assert released == [("a", True), ("b", True), ("flushed already", True)]
+        assert service.waiting == 0
+    finally:
+        await service.stop()
+
+
+async def test_callback_waiter_times_out_and_stop_releases_the_rest() -> None:
+    log = _Log()
+    log.gate.clear()
+    service = FlushService(log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=50)
+    service.start()
+    released: list[bool] = []
+    try:
+        log.end = 10
+        timed_out = asyncio.get_running_loop().create_future()
+        service.on_flushed(10, timed_out.set_result)
+        assert await asyncio.wait_for(timed_out, 5) is False
+        service.on_flushed(10**6, released.append)  # beyond any flush: released by stop
+    finally:
+        log.gate.set()
+        await service.stop()
+    assert released == [False]
+
+
+async def test_async_mode_calls_back_at_once() -> None:
+    log = _Log()
+    service = FlushService(log.flush, sync=False, interval_ms=10_000, sync_timeout_ms=100)
+    released: list[bool] = []
+    service.on_flushed(10**9, released.append)
+    assert released == [True]

@@ -34,6 +34,7 @@ FAIL = 1002
 SILENT = 1003
 CLOSE = 1004
 RECORD = 1005
+DEFER = 1006
 TIMEOUT_MS = 2_000
 
 
@@ -45,6 +46,7 @@ class Harness:
         self.blocked = asyncio.Event()
         self.entered: asyncio.Queue[None] = asyncio.Queue()
         self.recorded: asyncio.Queue[RemotingCommand] = asyncio.Queue()
+        self.deferred: asyncio.Queue[tuple[Connection, RemotingCommand]] = asyncio.Queue()
 
     def table(self) -> HandlerTable:
         table = HandlerTable()
@@ -54,6 +56,7 @@ class Harness:
         table.register(SILENT, self.silent)
         table.register(CLOSE, self.close)
         table.register(RECORD, self.record)
+        table.register(DEFER, self.defer)
         return table
 
     async def echo(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -74,6 +77,11 @@ class Harness:
 
     async def close(self, conn: Connection, cmd: RemotingCommand) -> None:
         conn.abort()
+        return None
+
+    async def defer(self, conn: Connection, cmd: RemotingCommand) -> None:
+        conn.defer(cmd)
+        self.deferred.put_nowait((conn, cmd))
         return None
 
     async def record(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -187,6 +195,47 @@ async def test_handler_returning_none_sends_nothing(
     await asyncio.sleep(0)
     await server_side.send_response(late.response(ResponseCode.SUCCESS, {"late": "yes"}))
     assert (await waiting).ext_fields == {"late": "yes"}
+
+
+async def test_deferred_answers_stay_in_flight_until_sent(
+    harness: Harness, server: RemotingServer, client: RemotingClient
+) -> None:
+    connection = await client.connection(addr(server))
+    waiting = [
+        asyncio.create_task(connection.request(RemotingCommand(code=DEFER), TIMEOUT_MS))
+        for _ in range(3)
+    ]
+    held = [await harness.deferred.get() for _ in range(3)]
+    (server_side,) = server.connections
+    assert server_side.in_flight == 3  # the handlers returned; their requests are not answered
+    for n, (conn, request) in enumerate(reversed(held)):
+        conn.respond(request, request.response(ResponseCode.SUCCESS, {"n": str(n)}))
+    assert server_side.in_flight == 0
+    answers = await asyncio.gather(*waiting)
+    assert [a.ext_fields["n"] for a in answers] == ["2", "1", "0"]
+    # A deferred oneway request is answered with nothing (seen on the wire).
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(encode(RemotingCommand(code=DEFER, opaque=7, flag=FLAG_ONEWAY)))
+    writer.write(encode(RemotingCommand(code=DEFER, opaque=8)))
+    for _ in range(2):
+        conn, request = await harness.deferred.get()
+        conn.respond(request, request.response(ResponseCode.SUCCESS))
+    decoder = FrameDecoder()
+    frames: list[RemotingCommand] = []
+    while not frames:
+        frames += decoder.feed(await reader.read(65536))
+    assert [f.opaque for f in frames] == [8]
+    writer.close()
+    await writer.wait_closed()
+    # A closed connection drops the answer.
+    pending = asyncio.create_task(connection.request(RemotingCommand(code=DEFER), TIMEOUT_MS))
+    conn, request = await harness.deferred.get()
+    connection.abort()
+    with pytest.raises(ConnectionClosedError):
+        await pending
+    await conn.wait_closed()
+    conn.respond(request, request.response(ResponseCode.SUCCESS))
+    assert conn.in_flight == 0
 
 
 async def test_unknown_code(server: RemotingServer, client: RemotingClient) -> None:

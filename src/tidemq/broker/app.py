@@ -86,6 +86,7 @@ class BrokerApp:
                 disk_max_used_space_ratio_percent=config.disk_max_used_space_ratio_percent,
                 message_size_max=config.max_message_size,
                 corrupt_policy=CorruptPolicy(config.corrupt_policy),
+                commit_log_resident_bytes=config.commit_log_resident_bytes,
             ),
             clock,
             disk_usage_probe=disk_usage_probe,

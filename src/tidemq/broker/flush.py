@@ -12,6 +12,10 @@
                   RocketMQ's GroupCommitService flushes only the commit log). One fdatasync per
                   round instead of one per touched file is what makes the group commit cheap.
 
+A waiter is a callback (`on_flushed`), called on the event loop with True once flushed or False
+at its timeout: a group of sends stored together waits as one callback, with no task or future
+(broker/handlers/send_coalesce.py). `wait_flushed` is the awaitable form, for handlers that await.
+
 At most one flush runs at a time; waiters that arrive during a flush are served by the next one,
 since the running flush may have started before their bytes were appended.
 """
@@ -23,6 +27,9 @@ import logging
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+# Called with True once the log is durable up to the waiter's end, False at its timeout.
+FlushCallback = Callable[[bool], None]
 
 
 class FlushService:
@@ -45,9 +52,9 @@ class FlushService:
         self._sync = sync
         self._interval_s = interval_ms / 1000
         self._sync_timeout_s = sync_timeout_ms / 1000
-        # (end offset, future, deadline in loop time), in arrival order: the timeout is the same
-        # for all, so the first waiter is always the one due first.
-        self._waiters: list[tuple[int, asyncio.Future[None], float]] = []
+        # (end offset, callback, deadline in loop time), in arrival order: the timeout is the
+        # same for all, so the first waiter is always the one due first.
+        self._waiters: list[tuple[int, FlushCallback, float]] = []
         # One timer for the oldest waiter, not one per waiter (one wait per sync send).
         self._expiry: asyncio.TimerHandle | None = None
         self._wake = asyncio.Event()
@@ -80,53 +87,65 @@ class FlushService:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-        for _, future, _ in self._waiters:
-            if not future.done():
-                future.cancel()
-        self._waiters.clear()
+        # Not flushed by the last flush (it failed): each is told so, as at a timeout.
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            _call(waiter[1], False)
+
+    @property
+    def waiting(self) -> int:
+        """Waiters not yet released (a group of sends counts once)."""
+        return len(self._waiters)
+
+    def on_flushed(self, physical_end: int, callback: FlushCallback) -> None:
+        """Call `callback(True)` once the log is durable up to `physical_end` (at once in ASYNC
+        mode or when it already is), or `callback(False)` after sync_flush_timeout_ms. Called on
+        the event loop; an exception it raises is logged."""
+        if not self._sync or physical_end <= self._flushed_offset:
+            _call(callback, True)
+            return
+        loop = asyncio.get_running_loop()
+        self._waiters.append((physical_end, callback, loop.time() + self._sync_timeout_s))
+        self._wake.set()
+        if self._expiry is None:
+            self._arm_expiry(loop)
 
     async def wait_flushed(self, physical_end: int) -> bool:
         """In SYNC mode wait until the log is durable up to `physical_end`; False on timeout."""
         if not self._sync or physical_end <= self._flushed_offset:
             return True
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        self._waiters.append((physical_end, future, loop.time() + self._sync_timeout_s))
-        self._wake.set()
-        if self._expiry is None:
-            self._arm_expiry(loop)
-        try:
-            await future
-        except TimeoutError:
-            log.warning(
-                "flush to offset %d not done within %.0f ms",
-                physical_end,
-                self._sync_timeout_s * 1e3,
-            )
-            return False
-        return True
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def release(flushed: bool) -> None:
+            if not future.done():
+                future.set_result(flushed)
+
+        self.on_flushed(physical_end, release)
+        return await future
 
     def _arm_expiry(self, loop: asyncio.AbstractEventLoop) -> None:
         """Time out the oldest waiter when it is due (a timer, not asyncio.wait_for: that costs
         a task per waiter); at expiry, every waiter due is failed and the next one armed."""
-        for _, future, deadline in self._waiters:
-            if not future.done():
-                self._expiry = loop.call_at(deadline, self._expire_due, loop)
-                return
+        if self._waiters:
+            self._expiry = loop.call_at(self._waiters[0][2], self._expire_due, loop)
 
     def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
         self._expiry = None
         now = loop.time()
-        remaining: list[tuple[int, asyncio.Future[None], float]] = []
-        for waiter in self._waiters:
-            future, deadline = waiter[1], waiter[2]
-            if future.done():
-                continue
-            if deadline <= now:
-                future.set_exception(TimeoutError())
-            else:
-                remaining.append(waiter)
-        self._waiters = remaining
+        waiters = self._waiters
+        due = 0
+        while due < len(waiters) and waiters[due][2] <= now:
+            due += 1
+        self._waiters = waiters[due:]
+        if due:
+            log.warning(
+                "flush to offset %d not done within %.0f ms (%d waiters)",
+                waiters[due - 1][0],
+                self._sync_timeout_s * 1e3,
+                due,
+            )
+        for waiter in waiters[:due]:
+            _call(waiter[1], False)
         self._arm_expiry(loop)
 
     async def _run(self) -> None:
@@ -150,16 +169,24 @@ class FlushService:
             log.exception("commit-log flush failed")
             return
         self.flush_count += 1
-        self._flushed_offset = max(self._flushed_offset, flushed)
-        remaining: list[tuple[int, asyncio.Future[None], float]] = []
+        self._flushed_offset = flushed_offset = max(self._flushed_offset, flushed)
+        released: list[FlushCallback] = []
+        remaining: list[tuple[int, FlushCallback, float]] = []
         for waiter in self._waiters:
-            future = waiter[1]
-            if future.done():
-                continue
-            if waiter[0] <= self._flushed_offset:
-                future.set_result(None)
+            if waiter[0] <= flushed_offset:
+                released.append(waiter[1])
             else:
                 remaining.append(waiter)
         self._waiters = remaining
         if remaining:
             self._wake.set()
+        for callback in released:
+            _call(callback, True)
+
+
+def _call(callback: FlushCallback, flushed: bool) -> None:
+    # A waiter's failure is its own (it answers requests): the flush service carries on.
+    try:
+        callback(flushed)
+    except Exception:
+        log.exception("flush waiter %r failed", callback)

@@ -87,6 +87,14 @@ class RemotingClient:
         connection = await self.connection(addr)
         await connection.oneway(cmd)
 
+    def ready_connection(self, addr: str) -> Connection | None:
+        """The open connection to `addr` if it takes writes now (not paused), else None: the
+        synchronous half of `connection`, for callers with a coroutine path to fall back to."""
+        connection = self._connections.get(addr)
+        if connection is None or connection.closed or connection.writing_paused or self._closed:
+            return None
+        return connection
+
     async def connection(self, addr: str) -> Connection:
         """The open connection to `addr`, connecting first if there is none.
 

@@ -10,6 +10,14 @@ sync-flush wait) never stops the socket from reading; answers may leave out of o
 opaque. In-flight requests per connection are bounded by IN_FLIGHT_MAX; beyond it the request is
 answered SYSTEM_BUSY at once, as a Java broker does when its executor queue is full.
 
+`start_request` registers and writes a request without a coroutine or a timer, for pipelining
+callers that keep their own deadlines (the producer's send_nowait; `abandon` drops one).
+
+A handler may answer later without a task: it calls `defer(request)` and returns None, and later
+`respond(request, response)` from any callback (the broker stores the single sends of one loop
+turn together and answers each, broker/handlers/send_coalesce.py). A deferred request still counts
+in flight; the request hook has run for it like for any other.
+
 A malformed or oversized frame closes only this connection: the decoder cannot resynchronise a
 byte stream, and the peer is either broken or hostile. When the connection closes, pending
 requests fail with ConnectionClosedError at once; handler tasks still running are left to finish
@@ -24,9 +32,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import types
-from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Final, cast
+from collections.abc import Callable
+from typing import Final, cast
 
 from tidemq.clock import Clock
 from tidemq.errors import ConnectionClosedError, ProtocolError, RequestTimeoutError
@@ -38,7 +45,8 @@ from tidemq.protocol.frame import (
     RemotingCommand,
     encode_parts,
 )
-from tidemq.remoting.handlers import HandlerTable, RequestHook
+from tidemq.remoting.eager import resume
+from tidemq.remoting.handlers import HandlerTable, RequestHook, ResponseWaiter
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +137,7 @@ class Connection:
         self._in_flight = 0
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._pending: dict[int, ResponseWaiter] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_opaque = 0
         self._paused = False
@@ -168,6 +176,11 @@ class Connection:
         return self._last_activity_ms
 
     @property
+    def writing_paused(self) -> bool:
+        """True while the transport's write buffer is over its high-water mark."""
+        return self._paused
+
+    @property
     def in_flight(self) -> int:
         """Inbound requests currently being handled."""
         return self._in_flight
@@ -203,6 +216,21 @@ class Connection:
             timer.cancel()
             self._pending.pop(opaque, None)
 
+    def start_request(self, cmd: RemotingCommand, waiter: ResponseWaiter) -> int:
+        """`request` without awaiting, pausing or a timeout: `waiter` gets the response or a
+        ConnectionClosedError; the caller keeps the deadline. Returns the opaque. Raises
+        ConnectionClosedError (registering nothing) if the connection is closed."""
+        opaque = self._allocate_opaque()
+        cmd.opaque = opaque
+        cmd.flag &= ~FLAG_RESPONSE
+        self._write(cmd)
+        self._pending[opaque] = waiter
+        return opaque
+
+    def abandon(self, opaque: int) -> None:
+        """Forget a pending request (its response, if one comes, is dropped)."""
+        self._pending.pop(opaque, None)
+
     async def oneway(self, cmd: RemotingCommand) -> None:
         """Send `cmd` with the oneway bit set; returns once the write is accepted by the transport.
 
@@ -216,6 +244,42 @@ class Connection:
         self._write(cmd)
         if self._paused:
             await self._drain()
+
+    def defer(self, request: RemotingCommand) -> None:
+        """Called by a handler that returns None and answers `request` later with `respond`:
+        the request stays counted in flight until then."""
+        self._in_flight += 1
+
+    def respond(self, request: RemotingCommand, response: RemotingCommand) -> None:
+        """Answer a deferred `request` now, without awaiting: the frame leaves with this loop
+        iteration's other writes. Nothing is sent for a oneway request or on a closed connection.
+        """
+        self._in_flight -= 1
+        if request.flag & FLAG_ONEWAY:
+            return
+        response.opaque = request.opaque
+        response.serialize_type = request.serialize_type
+        response.flag |= FLAG_RESPONSE
+        if self._closed:
+            logger.debug("dropping response %d to closed %s", response.opaque, self.peer_text)
+            return
+        try:
+            self._write(response)
+        except ProtocolError:
+            logger.exception("cannot encode the response to code %d", request.code)
+
+    def respond_frame(self, request: RemotingCommand, frame: bytes) -> None:
+        """`respond` with the whole response frame encoded by the caller (from a template: the
+        caller answers in the request's serialisation type, with its opaque)."""
+        self._in_flight -= 1
+        if request.flag & FLAG_ONEWAY or self._closed or self._transport is None:
+            return
+        # Activity is not stamped again: the read that brought the request just did.
+        buffer = self._write_buffer
+        if not buffer:
+            self._loop.call_soon(self._flush_writes)
+        buffer.append(frame)
+        self._buffered_bytes += len(frame)
 
     async def send_response(self, cmd: RemotingCommand) -> None:
         """Send a response (the caller sets its opaque). Dropped silently once closed: the peer
@@ -433,10 +497,7 @@ class Connection:
                 self._write(cmd.response(ResponseCode.SYSTEM_BUSY, remark=remark))
             return
         self._in_flight += 1
-        # Eager start: run the handler at once, inside this read callback. Most requests (a send
-        # under ASYNC_FLUSH, an offset commit) finish without awaiting, so they need no task and
-        # no extra loop iteration; only one that suspends becomes a task, resumed where it
-        # stopped (what Python 3.12's eager task factory does).
+        # Eager start (eager.py): only a handler that suspends becomes a task.
         coroutine = self._serve(cmd)
         try:
             awaited = coroutine.send(None)
@@ -445,7 +506,7 @@ class Connection:
         except Exception:
             logger.exception("serving code %d from %s failed", cmd.code, self.peer_text)
             return
-        task = self._loop.create_task(_resume(coroutine, awaited))
+        task = self._loop.create_task(resume(coroutine, awaited))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -483,30 +544,6 @@ class Connection:
             # connection stays up.
             logger.exception("handler for code %d from %s failed", cmd.code, self.peer_text)
             return cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(exc) or type(exc).__name__)
-
-
-async def _resume(coroutine: Coroutine[Any, Any, None], awaited: Any) -> None:
-    """Finish `coroutine`, started eagerly and suspended on `awaited`, as this task's body."""
-    await _drive(coroutine, awaited)
-
-
-@types.coroutine
-def _drive(coroutine: Coroutine[Any, Any, None], awaited: Any) -> Generator[Any, Any, None]:
-    # Passes what the coroutine awaits up to the task, and the task's answers (values, thrown
-    # exceptions such as a cancellation) down into it, as `await` would have.
-    while True:
-        try:
-            sent = yield awaited
-        except BaseException as exc:  # forwarded into the coroutine, not handled here
-            try:
-                awaited = coroutine.throw(exc)
-            except StopIteration:
-                return
-        else:
-            try:
-                awaited = coroutine.send(sent)
-            except StopIteration:
-                return
 
 
 class _ConnectionProtocol(asyncio.Protocol):

@@ -7,7 +7,7 @@ the transport, so the set of codes a server answers can be listed and tested wit
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from tidemq.protocol.frame import RemotingCommand
 
@@ -20,6 +20,15 @@ Handler: TypeAlias = "Callable[[Connection, RemotingCommand], Awaitable[Remoting
 # Runs before dispatch; a non-None result is sent instead of calling the handler (ACL, flow
 # control). The same shape as a handler.
 RequestHook: TypeAlias = Handler
+
+
+class ResponseWaiter(Protocol):
+    """What a connection completes a pending request of ours through (the response, or the
+    failure); asyncio.Future[RemotingCommand] is one, the producer's SendWaiter another."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: RemotingCommand, /) -> None: ...
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 class HandlerTable:

@@ -9,9 +9,10 @@
                                                    means the last stop was not clean
 
 One thread (the broker's event loop) calls put/get; a flush thread calls `flush()`. A put
-appends the record and dispatches it at once (consume-queue entry, index entries, listeners),
-so a record is readable as soon as put returns. Durability is the flush's business: the broker
-waits for `flushed_physical_offset` (SYNC_FLUSH) or flushes periodically (ASYNC_FLUSH).
+appends the record and dispatches it at once (consume-queue entry, index entries, listeners;
+store/append.py), so a record is readable as soon as put returns. Durability is the flush's
+business: the broker waits for `flushed_physical_offset` (SYNC_FLUSH) or flushes periodically
+(ASYNC_FLUSH).
 """
 
 from __future__ import annotations
@@ -28,15 +29,11 @@ from typing import Final
 
 from tidemq.clock import Clock
 from tidemq.errors import CorruptRecordError
-from tidemq.limits import (
-    PULL_BYTES_MAX,
-    PULL_MESSAGE_COUNT_MAX,
-    TOPIC_NAME_LENGTH_MAX,
-)
+from tidemq.limits import PULL_BYTES_MAX, PULL_MESSAGE_COUNT_MAX
 from tidemq.protocol import message as props
 from tidemq.protocol import record as rec
+from tidemq.store import append, put
 from tidemq.store import dispatch as dsp
-from tidemq.store import put
 from tidemq.store.checkpoint import Checkpoint, CheckpointFile, read_checkpoint
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import StoreConfig
@@ -85,7 +82,11 @@ class FileMessageStore:
         self.config = config
         self.clock = clock
         root = config.root_dir
-        self._log = CommitLog(root / "commitlog", config.commit_log_file_size)
+        self._log = CommitLog(
+            root / "commitlog",
+            config.commit_log_file_size,
+            resident_bytes=config.commit_log_resident_bytes,
+        )
         self._cq_root = root / "consumequeue"
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._index = IndexService(
@@ -96,7 +97,9 @@ class FileMessageStore:
         self._probe = disk_usage_probe or _measure_disk_usage
         self._disk_ratio = 0.0
         self._disk_checked_ms: float | None = None
-        self._dispatched_offset = 0
+        self._appender = append.Appender(
+            self._log, self._queues, self._queue, self._index, self._listeners, clock
+        )
         self._running = False
         # Held by flush and by anything that closes or deletes mapped files.
         self._flush_lock = threading.Lock()
@@ -142,7 +145,7 @@ class FileMessageStore:
                 full = True
                 if exc.started_queue is not None:
                     self._queues.pop(exc.started_queue).destroy()
-        self._dispatched_offset = self._log.max_offset
+        self._appender.dispatched = self._log.max_offset
         self._checkpoint = CheckpointFile(root / "checkpoint")
         self._running = True
         self.flush()
@@ -248,42 +251,25 @@ class FileMessageStore:
         """
         if not msgs:
             return []
-        refusal = self._check_writable()
-        prepared: list[put.Prepared] = []
-        first = msgs[0]
-        topic_bytes = first.topic.encode()
-        if refusal is None and not 0 < len(topic_bytes) <= TOPIC_NAME_LENGTH_MAX:
-            refusal = PutResult(
-                PutStatus.MESSAGE_ILLEGAL,
-                error=f"topic length {len(topic_bytes)} outside 1..{TOPIC_NAME_LENGTH_MAX}",
-            )
-        fixed_size = rec.RECORD_FIXED_SIZE + len(topic_bytes)
-        for msg in msgs:
-            if refusal is not None:
-                break
-            if msg.queue_id != first.queue_id or msg.topic != first.topic:
-                refusal = PutResult(PutStatus.MESSAGE_ILLEGAL, error="batch mixes queues")
-                break
-            checked = put.check_message(msg, fixed_size, self.config)
-            if isinstance(checked, PutResult):
-                refusal = checked
-                break
-            prepared.append(checked)
+        checked = self._check_writable() or append.check_batch(msgs, self.config)
+        if isinstance(checked, PutResult):
+            return [checked] * len(msgs)
+        return self._append(checked)
+
+    def put_each(self, msgs: Sequence[MessageToStore]) -> list[PutResult]:
+        """Append messages of any topics and queues, in order, each checked and answered on its
+        own: one message's refusal (size, properties, hosts, topic) answers that message only.
+
+        One pass as `put_messages` makes it (one buffer per segment, consume-queue entries in one
+        write per queue, index entries together), so N single sends cost one put, and each
+        record is the bytes `put_message` would have written for it.
+        """
+        refusal = self._check_writable() if msgs else None
         if refusal is not None:
             return [refusal] * len(msgs)
-        results: list[PutResult] = []
-        try:
-            self._append(prepared, topic_bytes, results)
-        except OSError as exc:
-            status = (
-                PutStatus.SERVICE_NOT_AVAILABLE
-                if exc.errno == errno.ENOSPC
-                else PutStatus.UNKNOWN_ERROR
-            )
-            logger.exception("commit-log append failed")
-            failed = PutResult(status, error=f"append failed: {exc}")
-            results.extend([failed] * (len(prepared) - len(results)))
-        return results
+        refusals, prepared = append.check_each(msgs, self.config)
+        appended = iter(self._append(prepared))
+        return [next(appended) if r is None else r for r in refusals]
 
     def _check_writable(self) -> PutResult | None:
         if not self._running:
@@ -297,78 +283,23 @@ class FileMessageStore:
             )
         return None
 
-    def _append(
-        self, prepared: list[put.Prepared], topic_bytes: bytes, results: list[PutResult]
-    ) -> None:
-        """Encode and write the records, one run per segment, each run then dispatched whole.
-
-        Appends each record's PutResult to `results` once its run is written and dispatched (an
-        OSError leaves the runs before it written, dispatched and in `results`).
-        """
-        first = prepared[0][0]
-        topic, queue_id = first.topic, first.queue_id
-        cq = self._queues.get((topic, queue_id))
-        next_queue_offset = cq.max_offset if cq is not None else 0
-        now_ms = self.clock.now_ms()
-        topic_part = put.topic_part(topic_bytes)
-        listeners = self._listeners
-        count = len(prepared)
-        i = 0
-        while i < count:
-            mf = self._log.segment_for(prepared[i][4])
-            physical_offset = mf.start_offset + mf.wrote
-            room = mf.remaining - rec.BLANK_MARKER_SIZE
-            parts: list[bytes] = []
-            run: list[PutResult] = []
-            cq_entries: list[tuple[int, int, int]] = []
-            index_entries: list[tuple[str, int, int]] = []
-            events: list[DispatchEvent] = []
-            while i < count and prepared[i][4] <= room:
-                item = prepared[i]
-                msg, properties, tags_code, size = item[0], item[2], item[3], item[4]
-                store_ts = msg.store_timestamp if msg.store_timestamp is not None else now_ms
-                in_queue = msg.sys_flag & _TX_MASK not in (_TX_PREPARED, _TX_ROLLBACK)
-                queue_offset = next_queue_offset if in_queue else 0
-                parts += put.record_parts(item, topic_part, queue_offset, physical_offset, store_ts)
-                if in_queue:
-                    next_queue_offset += 1
-                    cq_entries.append((physical_offset, size, tags_code))
-                    if listeners:
-                        events.append(
-                            DispatchEvent(
-                                topic,
-                                queue_id,
-                                queue_offset,
-                                physical_offset,
-                                size,
-                                tags_code,
-                                store_ts,
-                                properties,
-                            )
-                        )
-                if msg.sys_flag & _TX_MASK != _TX_ROLLBACK:
-                    for key in dsp.index_keys(properties):
-                        index_entries.append((f"{topic}#{key}", physical_offset, store_ts))
-                run.append(
-                    PutResult(PutStatus.PUT_OK, physical_offset, queue_offset, size, store_ts)
-                )
-                physical_offset += size
-                room -= size
-                i += 1
-            mf.append(b"".join(parts))
-            if cq_entries:
-                cq = self._queue(topic, queue_id)
-                cq.put_run(next_queue_offset - len(cq_entries), cq_entries)
-            if index_entries:
-                self._index.put_many(index_entries)
-            self._dispatched_offset = physical_offset
-            results += run
-            for event in events:
-                for listener in list(listeners):
-                    try:
-                        listener(event)
-                    except Exception:
-                        logger.exception("dispatch listener %r failed", listener)
+    def _append(self, prepared: list[put.Prepared]) -> list[PutResult]:
+        """The results of appending `prepared`; after an OSError, the failure for the rest."""
+        results: list[PutResult] = []
+        if not prepared:
+            return results
+        try:
+            self._appender.append(prepared, results)
+        except OSError as exc:
+            status = (
+                PutStatus.SERVICE_NOT_AVAILABLE
+                if exc.errno == errno.ENOSPC
+                else PutStatus.UNKNOWN_ERROR
+            )
+            logger.exception("commit-log append failed")
+            failed = PutResult(status, error=f"append failed: {exc}")
+            results.extend([failed] * (len(prepared) - len(results)))
+        return results
 
     # --- get ----------------------------------------------------------------------------------
 
@@ -539,7 +470,7 @@ class FileMessageStore:
         with self._flush_lock:
             if not self._running:
                 return self._log.flushed_offset
-            dispatched = self._dispatched_offset
+            dispatched = self._appender.dispatched
             log_flushed = self._log.flush()
             if log_only:
                 return log_flushed

@@ -2,11 +2,12 @@
 
 `check_message` refuses what cannot be stored and works out, once, what the record needs: the
 stored properties (an explicit tags code kept as `__TAGSCODE#`), their parsed map (the caller's,
-when it passed one for this very string), the tags code, the record size and the packed hosts.
-`record_parts` then makes the record as four pieces (header, body, topic and properties, CRC
-digits) for the store to join with its neighbours into one write. The bytes are exactly
-`protocol.record.encode_record`'s (tests/store/test_batch_fast_path.py holds them to it); this
-path only skips re-deriving per record what a batch shares.
+when it passed one for this very string), the tags code, the record size, the packed hosts and
+the topic as stored (`topic_part`, shared by every message of a topic). `record_parts` then
+makes the record as four pieces (header, body, topic and properties, CRC digits) for the store
+to join with its neighbours into one write (store/append.py). The bytes are exactly
+`protocol.record.encode_record`'s (tests/store/test_batch_fast_path.py and test_put_each.py hold
+them to it); this path only skips re-deriving per record what a batch shares.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import zlib
 from typing import Final, TypeAlias
 
 from tidemq.errors import ProtocolError
-from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX
+from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX, TOPIC_NAME_LENGTH_MAX
 from tidemq.protocol import message as props
 from tidemq.protocol import record as rec
 from tidemq.store import dispatch as dsp
@@ -29,15 +30,26 @@ _SYSFLAG_HOSTS_V6: Final = props.SysFlag.BORNHOST_V6 | props.SysFlag.STOREHOST_V
 _BODY_CRC_MASK: Final = 0x7FFFFFFF
 
 # A checked message: it, its properties prefix bytes (rec.properties_prefix), parsed properties,
-# tags code, record size, packed born and store hosts.
-Prepared: TypeAlias = tuple[MessageToStore, bytes, dict[str, str], int, int, bytes, bytes]
+# tags code, record size, packed born and store hosts, topic part (`topic_part`).
+Prepared: TypeAlias = tuple[MessageToStore, bytes, dict[str, str], int, int, bytes, bytes, bytes]
+# Where the record size sits in a Prepared (the appender reads it to fill segments).
+PREPARED_SIZE: Final = 4
 
 
-def check_message(
-    msg: MessageToStore, fixed_size: int, config: StoreConfig
-) -> PutResult | Prepared:
-    """`msg` prepared for `record_parts`, or the refusal. `fixed_size` is RECORD_FIXED_SIZE plus
-    the encoded topic's length (the caller checked the topic, shared by a batch)."""
+def check_topic(topic: str) -> bytes | PutResult:
+    """The topic's `topic_part`, or the refusal of a topic that cannot be stored."""
+    topic_bytes = topic.encode()
+    if not 0 < len(topic_bytes) <= TOPIC_NAME_LENGTH_MAX:
+        return PutResult(
+            PutStatus.MESSAGE_ILLEGAL,
+            error=f"topic length {len(topic_bytes)} outside 1..{TOPIC_NAME_LENGTH_MAX}",
+        )
+    return topic_part(topic_bytes)
+
+
+def check_message(msg: MessageToStore, topic: bytes, config: StoreConfig) -> PutResult | Prepared:
+    """`msg` prepared for `record_parts`, or the refusal. `topic` is the `topic_part` of
+    `msg.topic` (checked by the caller: `check_topic`, once per topic)."""
 
     def illegal(text: str) -> PutResult:
         return PutResult(PutStatus.MESSAGE_ILLEGAL, error=text)
@@ -71,10 +83,11 @@ def check_message(
             PutStatus.PROPERTIES_SIZE_EXCEEDED,
             error=f"properties {props_size} bytes exceed {MESSAGE_PROPERTIES_SIZE_MAX}",
         )
-    size = fixed_size + len(msg.body) + props_size
+    # The topic part holds TOPICLENGTH's byte, which RECORD_FIXED_SIZE counts already.
+    size = rec.RECORD_FIXED_SIZE - 1 + len(topic) + len(msg.body) + props_size
     if size + rec.BLANK_MARKER_SIZE > config.commit_log_file_size:
         return illegal(f"record of {size} bytes does not fit a commit-log segment")
-    return msg, props_prefix, properties, tags_code, size, born_ip, store_ip
+    return msg, props_prefix, properties, tags_code, size, born_ip, store_ip, topic
 
 
 def topic_part(topic_bytes: bytes) -> bytes:
@@ -83,14 +96,10 @@ def topic_part(topic_bytes: bytes) -> bytes:
 
 
 def record_parts(
-    prepared: Prepared,
-    topic_part: bytes,
-    queue_offset: int,
-    physical_offset: int,
-    store_timestamp: int,
+    prepared: Prepared, queue_offset: int, physical_offset: int, store_timestamp: int
 ) -> tuple[bytes, bytes, bytes, bytes]:
     """The record of a prepared message, as header, body, topic+properties, CRC digits."""
-    msg, props_prefix, _properties, _tags_code, size, born_ip, store_ip = prepared
+    msg, props_prefix, _properties, _tags_code, size, born_ip, store_ip, topic = prepared
     body = msg.body
     crc32 = zlib.crc32
     header = rec.RECORD_HEADER.pack(
@@ -112,6 +121,6 @@ def record_parts(
         msg.prepared_transaction_offset,
         len(body),
     )
-    tail = topic_part + _PROPS_LEN.pack(len(props_prefix) + rec.CRC_DIGITS_LEN) + props_prefix
+    tail = topic + _PROPS_LEN.pack(len(props_prefix) + rec.CRC_DIGITS_LEN) + props_prefix
     crc = crc32(tail, crc32(body, crc32(header)))
     return header, body, tail, b"%010d" % crc

@@ -18,6 +18,11 @@ queueOffset is then the half queue's offset, which END_TRANSACTION quotes back.
 A single send with DELAY > 0 or a TIMER_* property is parked by the DelayRouter (schedule.py,
 §9); a send to %RETRY%<group> whose reconsumeTimes reached the limit goes to %DLQ%<group>
 (send_back.py, §4.1 step 5).
+
+Every other single send is plain: after its checks it joins the SendCoalescer
+(send_coalesce.py), which stores the plain sends of one event-loop turn with one store call and
+answers each. The handler then returns None; the rest are stored and answered here, after the
+coalescer's pending sends (arrival order).
 """
 
 from __future__ import annotations
@@ -29,8 +34,14 @@ from collections.abc import Sequence
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.flush import FlushService
 from tidemq.broker.groups import SubscriptionGroupTable
-from tidemq.broker.handlers.common import PUT_STATUS_CODES, BrokerAddress, Refusal, guarded
+from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
 from tidemq.broker.handlers.send_back import header_max_reconsume_times, redirect_exhausted
+from tidemq.broker.handlers.send_coalesce import (
+    SendCoalescer,
+    send_response_fields,
+    store_refusal,
+)
+from tidemq.broker.handlers.send_header import SendHeader, parse_send_header
 from tidemq.broker.schedule import DelayRefused, DelayRouter
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction.resolution import TransactionBusy, TransactionResolver
@@ -39,7 +50,6 @@ from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX
 from tidemq.protocol.bodies import TopicConfig
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
 from tidemq.protocol.headers_admin import TOPIC_FILTER_MULTI_TAG
 from tidemq.protocol.message import (
     CLUSTER,
@@ -123,6 +133,10 @@ class SendHandler:
         self._delays = delays
         # Spreads sends with queueId < 0 over the queues (no randomness outside cli/testing).
         self._spread = itertools.count()
+        self.coalescer = SendCoalescer(store, flush, address, config.sync_flush_timeout_ms)
+        # What every stored single message gains, encoded once.
+        self._cluster = {CLUSTER: config.broker_cluster_name}
+        self._cluster_text = encode_properties(self._cluster)
 
     def register(self, table: HandlerTable) -> None:
         for code in (
@@ -135,12 +149,12 @@ class SendHandler:
     async def handle(
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand | None:
-        header = SendMessageRequestHeader.from_fields(request.ext_fields)
+        header = parse_send_header(request.ext_fields)
         topic_config = self._check(connection, header)
         queue_id = self._queue_id(header, topic_config)
         text = header.properties or ""
         properties = decode_properties(text)
-        text = stored_properties(text, properties, {CLUSTER: self._config.broker_cluster_name})
+        text = stored_properties(text, properties, self._cluster, self._cluster_text)
         sys_flag = header.sys_flag
         if topic_config.topic_filter_type == TOPIC_FILTER_MULTI_TAG:
             sys_flag |= SysFlag.MULTI_TAGS
@@ -164,17 +178,26 @@ class SendHandler:
                     parsed=(text, properties),
                 )
             ]
+        coalescer = self.coalescer
         if is_batch:
+            coalescer.put_pending()
             results = self._store.put_messages(messages)
         elif is_true_text(properties.get(TRAN_MSG)):
+            coalescer.put_pending()
             results = [self._prepare(messages[0], header.producer_group)]
         else:
-            results = [self._store.put_message(self._park(messages[0], header, request.version))]
+            message = messages[0]
+            parked = self._park(message, header, request.version)
+            if parked is message:
+                coalescer.add(connection, request, message)
+                return None
+            coalescer.put_pending()
+            results = [self._store.put_message(parked)]
         return await self._answer(request, header, queue_id, results)
 
     # -- checks ------------------------------------------------------------------------------
 
-    def _check(self, connection: Connection, header: SendMessageRequestHeader) -> TopicConfig:
+    def _check(self, connection: Connection, header: SendHeader) -> TopicConfig:
         if not Perm.is_writable(self._config.broker_permission):
             raise Refusal(
                 ResponseCode.NO_PERMISSION,
@@ -209,7 +232,7 @@ class SendHandler:
             )
         return topic_config
 
-    def _auto_create(self, header: SendMessageRequestHeader) -> TopicConfig | None:
+    def _auto_create(self, header: SendHeader) -> TopicConfig | None:
         retry_group = group_of_retry_topic(header.topic)
         if retry_group is not None:
             group = self._groups.find_or_create(retry_group)
@@ -225,7 +248,7 @@ class SendHandler:
             header.topic, header.default_topic, header.default_topic_queue_nums, sys_flag
         )
 
-    def _queue_id(self, header: SendMessageRequestHeader, topic_config: TopicConfig) -> int:
+    def _queue_id(self, header: SendHeader, topic_config: TopicConfig) -> int:
         queue_nums = max(topic_config.write_queue_nums, topic_config.read_queue_nums)
         if header.queue_id >= queue_nums:
             raise Refusal(
@@ -257,9 +280,7 @@ class SendHandler:
                     "transactional messages are not supported by this broker",
                 )
 
-    def _park(
-        self, message: MessageToStore, header: SendMessageRequestHeader, version: int
-    ) -> MessageToStore:
+    def _park(self, message: MessageToStore, header: SendHeader, version: int) -> MessageToStore:
         max_times = header_max_reconsume_times(header.max_reconsume_times, version)
         message = redirect_exhausted(message, max_times, self._groups, self._topics)
         if self._delays is None:
@@ -289,7 +310,7 @@ class SendHandler:
     def _split_batch(
         self,
         connection: Connection,
-        header: SendMessageRequestHeader,
+        header: SendHeader,
         body: bytes,
         queue_id: int,
         outer: dict[str, str],
@@ -346,18 +367,13 @@ class SendHandler:
     async def _answer(
         self,
         request: RemotingCommand,
-        header: SendMessageRequestHeader,
+        header: SendHeader,
         queue_id: int,
         results: Sequence[PutResult],
     ) -> RemotingCommand:
         failed = next((r for r in results if not r.ok), None)
         if failed is not None:
-            code = PUT_STATUS_CODES.get(failed.status, ResponseCode.SYSTEM_ERROR)
-            raise Refusal(
-                code,
-                f"store refused the message to {header.topic}: {failed.status.value} "
-                f"{failed.error}".rstrip(),
-            )
+            raise Refusal(*store_refusal(header.topic, failed))
         host, port = self._address.host, self._address.port
         if len(results) == 1:
             msg_ids = offset_msg_id(host, port, results[0].physical_offset)
@@ -365,9 +381,7 @@ class SendHandler:
         else:
             msg_ids = ",".join(offset_msg_ids(host, port, [r.physical_offset for r in results]))
             end = max(r.physical_offset + r.size for r in results)
-        fields = SendMessageResponseHeader(
-            msg_id=msg_ids, queue_id=queue_id, queue_offset=results[0].queue_offset
-        ).to_fields()
+        fields = send_response_fields(msg_ids, queue_id, results[0].queue_offset)
         if self._flush.sync and not await self._flush.wait_flushed(end):
             return request.response(
                 ResponseCode.FLUSH_DISK_TIMEOUT,

@@ -1,0 +1,203 @@
+"""The store's write path after the checks: records appended to the commit log, then dispatched.
+
+    checked messages (put.check_message), in arrival order, of any topics and queues
+      ──▶ per commit-log segment, the run of records that fits it: encoded (put.record_parts)
+          and joined, one copy into the mapping
+      ──▶ that run's consume-queue entries, one write per queue; its index entries, one
+          index-header update; its dispatch events, in order
+
+Both of the store's put calls come here. `put_messages` checks a batch as a whole (one topic and
+queue, refused whole: a batch request, END_TRANSACTION's commits); `put_each` checks every
+message on its own (any topics and queues, a refusal answers that message only: the single sends
+of one event-loop turn, broker/handlers/send_coalesce.py). A record is the same bytes whichever call
+wrote it, and with whatever neighbours (tests/store/test_put_each.py).
+
+A run is dispatched as soon as it is written, so an OSError in a later segment leaves the earlier
+runs written, dispatched and answered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from tidemq.clock import Clock
+from tidemq.protocol import message as props
+from tidemq.protocol import record as rec
+from tidemq.store import dispatch as dsp
+from tidemq.store import put
+from tidemq.store.commit_log import CommitLog
+from tidemq.store.config import StoreConfig
+from tidemq.store.consume_queue import ConsumeQueue
+from tidemq.store.index import IndexService
+from tidemq.store.types import DispatchEvent, MessageToStore, PutResult, PutStatus
+
+logger = logging.getLogger(__name__)
+
+# Transaction type bits of sysFlag (§6.1): PREPARED and ROLLBACK records get no CQ entry, and
+# ROLLBACK records no index entry either.
+_TX_MASK: Final = props.SysFlag.TRANSACTION_MASK
+_TX_PREPARED: Final = props.SysFlag.PREPARED
+_TX_ROLLBACK: Final = props.SysFlag.ROLLBACK
+_SIZE: Final = put.PREPARED_SIZE
+
+QueueKey = tuple[str, int]
+DispatchListener = Callable[[DispatchEvent], None]
+
+
+def check_batch(
+    msgs: Sequence[MessageToStore], config: StoreConfig
+) -> list[put.Prepared] | PutResult:
+    """Every message of a one-queue batch prepared, or the one refusal that answers them all."""
+    first = msgs[0]
+    topic = put.check_topic(first.topic)
+    if isinstance(topic, PutResult):
+        return topic
+    prepared: list[put.Prepared] = []
+    for msg in msgs:
+        if msg.queue_id != first.queue_id or msg.topic != first.topic:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, error="batch mixes queues")
+        checked = put.check_message(msg, topic, config)
+        if isinstance(checked, PutResult):
+            return checked
+        prepared.append(checked)
+    return prepared
+
+
+def check_each(
+    msgs: Sequence[MessageToStore], config: StoreConfig
+) -> tuple[list[PutResult | None], list[put.Prepared]]:
+    """Each message checked alone: per message its refusal (None where it passed), and the
+    messages that passed, prepared, in order."""
+    refusals: list[PutResult | None] = []
+    prepared: list[put.Prepared] = []
+    topics: dict[str, bytes | PutResult] = {}
+    for msg in msgs:
+        topic = topics.get(msg.topic)
+        if topic is None:
+            topic = topics[msg.topic] = put.check_topic(msg.topic)
+        checked = topic if isinstance(topic, PutResult) else put.check_message(msg, topic, config)
+        if isinstance(checked, PutResult):
+            refusals.append(checked)
+        else:
+            refusals.append(None)
+            prepared.append(checked)
+    return refusals, prepared
+
+
+class Appender:
+    """Appends prepared records and dispatches them: consume-queue entries, index entries and
+    the listeners' events. The store's single writer (the event-loop thread) calls it."""
+
+    __slots__ = ("_clock", "_index", "_listeners", "_log", "_queue_of", "_queues", "dispatched")
+
+    def __init__(
+        self,
+        log: CommitLog,
+        queues: dict[QueueKey, ConsumeQueue],
+        queue_of: Callable[[str, int], ConsumeQueue],
+        index: IndexService,
+        listeners: list[DispatchListener],
+        clock: Clock,
+    ) -> None:
+        """`queues` is the store's table (read here); `queue_of` finds or creates a queue in it.
+        `listeners` is the store's list, shared: listeners added later are called too."""
+        self._log = log
+        self._queues = queues
+        self._queue_of = queue_of
+        self._index = index
+        self._listeners = listeners
+        self._clock = clock
+        # The physical offset up to which records are dispatched (the checkpoint's logic offset).
+        self.dispatched = 0
+
+    def append(self, prepared: Sequence[put.Prepared], results: list[PutResult]) -> None:
+        """Write and dispatch `prepared` in order, one run per segment; each record's PutResult
+        is appended to `results` once its run is written and dispatched.
+
+        Raises:
+            OSError: a segment could not be created or written (earlier runs stay done).
+        """
+        log, queues, listeners = self._log, self._queues, self._listeners
+        record_parts, index_keys = put.record_parts, dsp.index_keys
+        now_ms = self._clock.now_ms()
+        # The next queue offset of each queue written to, read once from its consume queue.
+        next_offsets: dict[QueueKey, int] = {}
+        count = len(prepared)
+        i = 0
+        while i < count:
+            mf = log.segment_for(prepared[i][_SIZE])
+            physical_offset = mf.start_offset + mf.wrote
+            room = mf.remaining - rec.BLANK_MARKER_SIZE
+            parts: list[bytes] = []
+            run: list[PutResult] = []
+            cq_runs: dict[QueueKey, list[tuple[int, int, int]]] = {}
+            index_entries: list[tuple[str, int, int]] = []
+            events: list[DispatchEvent] = []
+            # The queue of the previous message (a batch has one; a group of sends few runs).
+            topic, queue_id, queue_next = "", -1, 0
+            entries: list[tuple[int, int, int]] | None = None
+            while i < count and prepared[i][_SIZE] <= room:
+                item = prepared[i]
+                msg, properties, tags_code, size = item[0], item[2], item[3], item[4]
+                store_ts = msg.store_timestamp if msg.store_timestamp is not None else now_ms
+                tx = msg.sys_flag & _TX_MASK
+                if tx != _TX_PREPARED and tx != _TX_ROLLBACK:
+                    if entries is None or msg.queue_id != queue_id or msg.topic != topic:
+                        if entries is not None:
+                            next_offsets[(topic, queue_id)] = queue_next
+                        topic, queue_id = msg.topic, msg.queue_id
+                        key = (topic, queue_id)
+                        queue_next = next_offsets.get(key, -1)
+                        if queue_next < 0:
+                            cq = queues.get(key)
+                            queue_next = cq.max_offset if cq is not None else 0
+                        entries = cq_runs.get(key)
+                        if entries is None:
+                            entries = cq_runs[key] = []
+                    queue_offset = queue_next
+                    queue_next += 1
+                    entries.append((physical_offset, size, tags_code))
+                    if listeners:
+                        events.append(
+                            DispatchEvent(
+                                topic,
+                                queue_id,
+                                queue_offset,
+                                physical_offset,
+                                size,
+                                tags_code,
+                                store_ts,
+                                properties,
+                            )
+                        )
+                else:
+                    queue_offset = 0
+                parts += record_parts(item, queue_offset, physical_offset, store_ts)
+                if tx != _TX_ROLLBACK:
+                    for index_key in index_keys(properties):
+                        index_entries.append(
+                            (f"{msg.topic}#{index_key}", physical_offset, store_ts)
+                        )
+                run.append(
+                    PutResult(PutStatus.PUT_OK, physical_offset, queue_offset, size, store_ts)
+                )
+                physical_offset += size
+                room -= size
+                i += 1
+            if entries is not None:
+                next_offsets[(topic, queue_id)] = queue_next
+            mf.append(b"".join(parts))
+            for key, entries in cq_runs.items():
+                self._queue_of(*key).put_run(next_offsets[key] - len(entries), entries)
+            if index_entries:
+                self._index.put_many(index_entries)
+            self.dispatched = physical_offset
+            results += run
+            for event in events:
+                for listener in list(listeners):
+                    try:
+                        listener(event)
+                    except Exception:
+                        logger.exception("dispatch listener %r failed", listener)
