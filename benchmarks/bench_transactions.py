@@ -2,20 +2,23 @@
 settles a transaction whose END_TRANSACTION never came.
 
 The broker runs as a separate `tidemq dev` process with transactionCheckInterval=100 ms and
-transactionTimeOut=500 ms (so a missed END is checked 500-600 ms after the half message).
+transactionTimeOut=500 ms (so a missed END is checked 500-600 ms after the half message), once per
+flush mode (`--flush`, both by default: ASYNC_FLUSH, then SYNC_FLUSH with group commit).
 Cases, one TransactionProducer for all of them (same connection, same route, 1 KiB bodies):
   plain sync       send(), one at a time
   tx sync          send_message_in_transaction(): half send (awaited) -> local transaction (a
                    no-op returning COMMIT_MESSAGE) -> END_TRANSACTION (oneway), one at a time
-  plain window     send() with `window` in flight
+  plain window     send() with `window` in flight (256, as the side-by-side suite)
   tx window        send_message_in_transaction() with `window` in flight
+Each case also reports the broker process's CPU time per message (user + system, from /proc),
+which other processes on shared cores disturb much less than msg/s.
 Every committed message is then pulled back to check it became visible exactly once.
   missed END       `--missed` half messages (send_half only, 37 ms apart so they sample every
                    phase of the check interval); the check listener answers COMMIT; a pull
                    consumer long-polling the real topic stamps when each becomes visible.
                    Reported: median and p99 of (visible - half send acknowledged).
 
-Usage: python benchmarks/bench_transactions.py [--quick]
+Usage: python benchmarks/bench_transactions.py [--quick] [--flush ASYNC_FLUSH|SYNC_FLUSH]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,7 @@ BODY_SIZE = 1024
 CHECK_INTERVAL_MS = 100
 TRANSACTION_TIMEOUT_MS = 500
 MISSED_SPACING_S = 0.037
+FLUSH_MODES = ("ASYNC_FLUSH", "SYNC_FLUSH")
 
 
 def free_port() -> int:
@@ -57,12 +62,28 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True, slots=True)
+class DevServer:
+    namesrv: str
+    pid: int
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (0.0 where /proc is not available)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def dev_server(data_dir: Path) -> Iterator[str]:
+def dev_server(data_dir: Path, flush: str) -> Iterator[DevServer]:
     namesrv_port, broker_port = free_port(), free_port()
     command = [sys.executable, "-m", "tidemq.cli.main", "--log-level", "ERROR", "dev"]
     command += ["--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port)]
     command += ["--data-dir", str(data_dir), "--set", "vipChannelEnabled=false"]
+    command += ["--set", f"flushDiskType={flush}"]
     command += ["--set", f"transactionCheckInterval={CHECK_INTERVAL_MS}"]
     command += ["--set", f"transactionTimeOut={TRANSACTION_TIMEOUT_MS}"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -75,7 +96,7 @@ def dev_server(data_dir: Path) -> Iterator[str]:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("tidemq dev did not start")
                 time.sleep(0.05)
-        yield f"127.0.0.1:{namesrv_port}"
+        yield DevServer(f"127.0.0.1:{namesrv_port}", process.pid)
     finally:
         process.terminate()
         process.wait(20)
@@ -93,28 +114,37 @@ class NoOpListener:
         return LocalTransactionState.COMMIT_MESSAGE
 
 
-async def timed(count: int, window: int, one: Callable[[], Awaitable[Any]]) -> float:
-    """Messages per second of `count` calls of `one` with `window` in flight."""
+@dataclass(frozen=True, slots=True)
+class Rate:
+    per_s: float
+    broker_cpu_us: float  # broker CPU per message
+
+
+async def timed(count: int, window: int, one: Callable[[], Awaitable[Any]], pid: int) -> Rate:
+    """Messages per second of `count` calls of `one` with `window` in flight, and the broker's
+    CPU per message meanwhile."""
     semaphore = asyncio.Semaphore(window)
 
     async def guarded() -> None:
         async with semaphore:
             await one()
 
+    cpu = cpu_seconds(pid)
     start = time.perf_counter()
     if window == 1:
         for _ in range(count):
             await one()
     else:
         await asyncio.gather(*(guarded() for _ in range(count)))
-    return count / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    return Rate(count / elapsed, (cpu_seconds(pid) - cpu) / count * 1e6)
 
 
 async def visible(namesrv: str, topic: str) -> list[MessageExt]:
     consumer = PullConsumer("bench_tx_check", namesrv)
     await consumer.start()
     try:
-        found = []
+        found: list[MessageExt] = []
         for queue in await consumer.fetch_subscribe_message_queues(topic):
             offset = 0
             while True:
@@ -173,16 +203,17 @@ def percentile(values: list[float], fraction: float) -> float:
     return values[min(len(values) - 1, int(fraction * len(values)))]
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run(args: argparse.Namespace, flush: str) -> None:
     body = os.urandom(BODY_SIZE)
     scale = 0.2 if args.quick else 1.0
     n_sync, n_window, n_missed = int(3000 * scale), int(20_000 * scale), args.missed
     listener = NoOpListener()
-    rates: dict[str, float] = {}
+    rates: dict[str, Rate] = {}
     with (
         tempfile.TemporaryDirectory(prefix="tidemq-bench-tx-") as tmp,
-        dev_server(Path(tmp) / "data") as namesrv,
+        dev_server(Path(tmp) / "data", flush) as server,
     ):
+        namesrv = server.namesrv
         async with Admin(namesrv) as admin:
             for topic in ("BenchPlain", "BenchTx", "BenchTxMissed"):
                 for _ in range(50):  # until the broker has registered with the name server
@@ -202,10 +233,11 @@ async def run(args: argparse.Namespace) -> None:
             def transactional() -> Awaitable[Any]:
                 return producer.send_message_in_transaction(Message("BenchTx", body))
 
-            rates["plain sync"] = await timed(n_sync, 1, plain)
-            rates["tx sync"] = await timed(n_sync, 1, transactional)
-            rates["plain window"] = await timed(n_window, args.window, plain)
-            rates["tx window"] = await timed(n_window, args.window, transactional)
+            pid = server.pid
+            rates["plain sync"] = await timed(n_sync, 1, plain, pid)
+            rates["tx sync"] = await timed(n_sync, 1, transactional, pid)
+            rates["plain window"] = await timed(n_window, args.window, plain, pid)
+            rates["tx window"] = await timed(n_window, args.window, transactional, pid)
             committed = await visible(namesrv, "BenchTx")
             delays = await missed_end(producer, namesrv, n_missed, body)
         finally:
@@ -214,16 +246,20 @@ async def run(args: argparse.Namespace) -> None:
     if len(real) != n_sync + n_window or len({m.msg_id for m in real}) != len(real):
         raise RuntimeError(f"{len(real)} committed messages visible, {n_sync + n_window} sent")
     print(
-        f"TideMQ transactions, 1 KiB bodies, window={args.window}, "
+        f"TideMQ transactions, {flush}, 1 KiB bodies, window={args.window}, "
         f"transactionCheckInterval={CHECK_INTERVAL_MS} ms, "
         f"transactionTimeOut={TRANSACTION_TIMEOUT_MS} ms, python {sys.version.split()[0]}"
     )
     for shape, count in (("sync", n_sync), ("window", n_window)):
         plain_rate, tx_rate = rates[f"plain {shape}"], rates[f"tx {shape}"]
-        print(f"  plain {shape:<7} {plain_rate:>9.0f} msg/s  ({count})")
         print(
-            f"  tx    {shape:<7} {tx_rate:>9.0f} msg/s  ({count})  "
-            f"ratio to plain {tx_rate / plain_rate:.2f}"
+            f"  plain {shape:<7} {plain_rate.per_s:>9.0f} msg/s  ({count})  "
+            f"broker CPU {plain_rate.broker_cpu_us:.0f} µs/msg"
+        )
+        print(
+            f"  tx    {shape:<7} {tx_rate.per_s:>9.0f} msg/s  ({count})  "
+            f"broker CPU {tx_rate.broker_cpu_us:.0f} µs/msg  "
+            f"ratio to plain {tx_rate.per_s / plain_rate.per_s:.2f}"
         )
     print(
         f"  missed END -> visible ({n_missed}): median {statistics.median(delays) * 1000:.0f} ms, "
@@ -236,12 +272,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--missed", type=int, default=100, help="transactions without END")
     parser.add_argument("--quick", action="store_true", help="a fifth of the counts")
+    parser.add_argument(
+        "--flush", choices=FLUSH_MODES, action="append", help="flush mode (default: both)"
+    )
     args = parser.parse_args()
     install_uvloop()
-    asyncio.run(run(args))
+    for flush in args.flush or FLUSH_MODES:
+        asyncio.run(run(args, flush))
 
 
 if __name__ == "__main__":

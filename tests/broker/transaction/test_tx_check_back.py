@@ -312,3 +312,32 @@ async def test_service_start_and_stop(world: World) -> None:
     world.checker.trigger()
     await world.checker.stop()
     await world.checker.stop()
+
+
+async def test_a_pass_decodes_only_the_newest_records_of_pending_transactions(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    puts = [world.prepare(bytes([n])) for n in range(6)]
+    for put in puts[:3]:
+        world.resolver.end(world.half_at(put.physical_offset), TxInput.COMMIT)
+    world.clock.advance(TIMEOUT_MS)
+    await world.checker.run_once()  # checks 3, 4, 5: copies 6, 7, 8 supersede them
+    world.resolver.end(world.half_at(puts[3].physical_offset), TxInput.ROLLBACK)
+    world.offsets.commit(TRANS_CHECK_GROUP, hm.HALF_TOPIC, 0, 0)  # walk the whole queue again
+    decoded: list[tuple[str, int]] = []
+    decode = rec.decode_record
+
+    def counting(data: bytes, offset: int = 0, **kwargs: bool) -> rec.StoredMessage:
+        message = decode(data, offset, **kwargs)
+        decoded.append((message.topic, message.queue_offset))
+        return message
+
+    monkeypatch.setattr(rec, "decode_record", counting)
+    world.clock.advance(TIMEOUT_MS)
+    report = await world.checker.run_once()
+    assert report.scanned == 9
+    assert report.checked == 2  # transactions 4 and 5, through their copies 7 and 8
+    # Of the 9 records walked, only the two live copies were decoded (9 and 10 are the new
+    # copies, read back by put_back).
+    walked = [offset for topic, offset in decoded if topic == hm.HALF_TOPIC and offset < 9]
+    assert walked == [7, 8]

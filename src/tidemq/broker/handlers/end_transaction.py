@@ -11,22 +11,36 @@
         the outcome
     SYNC_FLUSH ─▶ the committed message's flush is awaited (FLUSH_DISK_TIMEOUT when late)
 
-Both the oneway (Java) and the request form (C++) are accepted; the remoting layer drops the
-response of a oneway request.
+Both the oneway (Java, and our client) and the request form (C++) are accepted. Nobody reads the
+answer to a oneway request (the remoting layer drops it), so a oneway answer that passes the
+checks above is not resolved at once: it joins the *round* of the current loop turn, which
+`TransactionResolver.end_many` stores once every request decoded in that turn has been handled
+(one store call per queue for the real messages, one op message per outcome), and its commit's
+flush is not awaited. A failure is logged, as the refusal of a oneway request always is, and the
+transaction stays pending until a check-back settles it, as if the request had been lost. A
+request-form answer first stores the round (answers keep their arrival order) and then is
+resolved on its own, so its response says what happened.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.handlers.common import PUT_STATUS_CODES, Refusal, guarded
-from tidemq.broker.transaction.resolution import TransactionForgotten, TransactionResolver
+from tidemq.broker.transaction.resolution import (
+    Answer,
+    EndResult,
+    TransactionForgotten,
+    TransactionResolver,
+)
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput
+from tidemq.errors import ProtocolError
 from tidemq.protocol.codes import RequestCode, ResponseCode
-from tidemq.protocol.frame import RemotingCommand
+from tidemq.protocol.frame import FLAG_ONEWAY, RemotingCommand
 from tidemq.protocol.headers import EndTransactionRequestHeader
 from tidemq.protocol.message import PGROUP, SysFlag
 from tidemq.remoting.connection import Connection
@@ -39,8 +53,51 @@ _INPUTS: Final = {
     SysFlag.COMMIT: TxInput.COMMIT,
     SysFlag.ROLLBACK: TxInput.ROLLBACK,
 }
+# Oneway answers collected in one round; a full round is stored at once, so one loop turn's work
+# and the round's memory stay bounded however many requests one read delivers.
+END_ROUND_MAX: Final = 1_024
+# Figures a plain decimal offset may have and still fit an int64 (10**18 - 1 < 2**63).
+_PLAIN_DIGITS_MAX: Final = 18
+_PLAIN_BOOLS: Final = {"true": True, "false": False, "1": True, "0": False}
 
 WaitFlushed = Callable[[int], Awaitable[bool]]
+
+
+def end_header(fields: Mapping[str, str]) -> EndTransactionRequestHeader:
+    """`EndTransactionRequestHeader.from_fields`, with a shortcut for the spelling every client
+    sends (plain decimal figures, a "true"/"false"/"0"/"1" flag); anything else, including every
+    error, takes from_fields (tests compare the two)."""
+    get = fields.get
+    group, msg_id = get("producerGroup"), get("msgId")
+    table, offset, action = (
+        get("tranStateTableOffset"),
+        get("commitLogOffset"),
+        get("commitOrRollback"),
+    )
+    from_check = _PLAIN_BOOLS.get(get("fromTransactionCheck") or "false")
+    if (
+        group is None
+        or msg_id is None
+        or from_check is None
+        or table is None
+        or offset is None
+        or action is None
+        or not (_is_plain(table) and _is_plain(offset) and _is_plain(action))
+    ):
+        return EndTransactionRequestHeader.from_fields(fields)
+    return EndTransactionRequestHeader(
+        producer_group=group,
+        tran_state_table_offset=int(table),
+        commit_log_offset=int(offset),
+        commit_or_rollback=int(action),
+        from_transaction_check=from_check,
+        msg_id=msg_id,
+        transaction_id=get("transactionId") or None,
+    )
+
+
+def _is_plain(text: str) -> bool:
+    return text.isdigit() and text.isascii() and len(text) <= _PLAIN_DIGITS_MAX
 
 
 class EndTransactionHandler:
@@ -50,6 +107,8 @@ class EndTransactionHandler:
         self._config = config
         self._resolver = resolver
         self._wait_flushed = wait_flushed
+        # The oneway answers of this loop turn, with the message id and peer for the log.
+        self._round: list[tuple[Answer, str, Connection]] = []
 
     def register(self, table: HandlerTable) -> None:
         table.register(RequestCode.END_TRANSACTION, guarded(self.handle))
@@ -62,48 +121,30 @@ class EndTransactionHandler:
                 ResponseCode.SLAVE_NOT_AVAILABLE,
                 "the broker is a slave: end transaction is forbidden",
             )
-        header = EndTransactionRequestHeader.from_fields(request.ext_fields)
+        header = end_header(request.ext_fields)
         tx_input = _INPUTS.get(header.commit_or_rollback)
         if tx_input is None:
             raise Refusal(
                 ResponseCode.SYSTEM_ERROR,
                 f"commitOrRollback {header.commit_or_rollback} is not 0, 8 or 12",
             )
-        source = "check-back answer" if header.from_transaction_check else "producer"
         if tx_input is TxInput.UNKNOWN:
             # Upstream answers nothing; a check-back will ask again.
-            log.debug("%s of %s: state unknown (%s)", source, header.msg_id, request.remark)
-            return None
-        half = self._resolver.load_half(header.commit_log_offset)
-        if half is None:
-            raise Refusal(ResponseCode.SYSTEM_ERROR, "Find prepared transaction message failed")
-        if half.property_map().get(PGROUP) != header.producer_group:
-            raise Refusal(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
-        if half.queue_offset != header.tran_state_table_offset:
-            raise Refusal(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
-        if half.physical_offset != header.commit_log_offset:
-            raise Refusal(ResponseCode.SYSTEM_ERROR, "The commit log offset wrong")
-        try:
-            result = self._resolver.end(half, tx_input)
-        except IllegalStateTransition as exc:
-            raise Refusal(
-                ResponseCode.TRANSACTION_FAILED,
-                f"{tx_input.value} refused for message {header.msg_id}: the transaction is "
-                f"already {exc.state.value}",
-            ) from None
-        except TransactionForgotten:
-            raise Refusal(
-                ResponseCode.TRANSACTION_FAILED,
-                f"{tx_input.value} refused for message {header.msg_id}: the transaction was "
-                "resolved longer ago than the broker remembers outcomes",
-            ) from None
-        if result.failure is not None:
-            raise Refusal(
-                PUT_STATUS_CODES.get(result.failure.status, ResponseCode.SYSTEM_ERROR),
-                f"{tx_input.value} not stored: {result.failure.status.value} "
-                f"{result.failure.error}".rstrip(),
+            log.debug(
+                "%s of %s: state unknown (%s)", _source(header), header.msg_id, request.remark
             )
-        log.debug("%s of %s: %s", source, header.msg_id, result.state.value)
+            return None
+        answer = self._answer(header, tx_input)
+        if request.flag & FLAG_ONEWAY:
+            self._join_round(answer, header.msg_id, connection)
+            return None
+        self.store_round()
+        (result,) = self._resolver.end_many([answer])
+        if isinstance(result, Exception):
+            raise _refusal(result, tx_input, header.msg_id)
+        if result.failure is not None:
+            raise _failure_refusal(result, tx_input)
+        log.debug("%s of %s: %s", _source(header), header.msg_id, result.state.value)
         stored = result.stored
         if stored is not None and not await self._wait_flushed(
             stored.physical_offset + stored.size
@@ -113,3 +154,95 @@ class EndTransactionHandler:
                 remark=f"committed, but not flushed within {self._config.sync_flush_timeout_ms} ms",
             )
         return request.response(ResponseCode.SUCCESS)
+
+    def _answer(self, header: EndTransactionRequestHeader, tx_input: TxInput) -> Answer:
+        """The answer about the half record the header names, after the upstream checks."""
+        answer = self._resolver.answer_at(header.commit_log_offset, tx_input)
+        if answer is None:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, "Find prepared transaction message failed")
+        if answer.props.get(PGROUP) != header.producer_group:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
+        if answer.queue_offset != header.tran_state_table_offset:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
+        if answer.physical_offset != header.commit_log_offset:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, "The commit log offset wrong")
+        return answer
+
+    # -- the round of oneway answers ---------------------------------------------------------
+
+    def _join_round(self, answer: Answer, msg_id: str, peer: Connection) -> None:
+        if not self._round:
+            # Runs after the read callbacks already queued in this loop turn, so one round
+            # takes every END_TRANSACTION they decode, from every connection.
+            asyncio.get_running_loop().call_soon(self._store_scheduled)
+        self._round.append((answer, msg_id, peer))
+        if len(self._round) >= END_ROUND_MAX:
+            self.store_round()
+
+    def _store_scheduled(self) -> None:
+        try:
+            self.store_round()
+        except Exception:
+            # A callback boundary: the round's transactions stay pending (a check-back settles
+            # them, as if their END had been lost); the next round starts afresh.
+            log.exception("storing a round of END_TRANSACTION answers failed")
+
+    def store_round(self) -> None:
+        """Resolve the collected oneway answers now (also run by the loop after their turn)."""
+        answers, self._round = self._round, []
+        if not answers:
+            return
+        results = self._resolver.end_many([answer for answer, _, _ in answers])
+        for (answer, msg_id, peer), result in zip(answers, results, strict=True):
+            if isinstance(result, EndResult) and result.failure is None:
+                continue
+            refusal = (
+                _refusal(result, answer.tx_input, msg_id)
+                if isinstance(result, Exception)
+                else _failure_refusal(result, answer.tx_input)
+            )
+            log.warning(
+                "END_TRANSACTION (oneway) from %s refused with %s: %s",
+                peer.peer_text,
+                _code_name(refusal.code),
+                refusal.remark,
+            )
+
+
+def _source(header: EndTransactionRequestHeader) -> str:
+    return "check-back answer" if header.from_transaction_check else "producer"
+
+
+def _refusal(error: Exception, tx_input: TxInput, msg_id: str) -> Refusal:
+    """The answer to an END that `end_many` refused with `error`."""
+    if isinstance(error, IllegalStateTransition):
+        return Refusal(
+            ResponseCode.TRANSACTION_FAILED,
+            f"{tx_input.value} refused for message {msg_id}: the transaction is already "
+            f"{error.state.value}",
+        )
+    if isinstance(error, TransactionForgotten):
+        return Refusal(
+            ResponseCode.TRANSACTION_FAILED,
+            f"{tx_input.value} refused for message {msg_id}: the transaction was resolved "
+            "longer ago than the broker remembers outcomes",
+        )
+    if isinstance(error, ProtocolError):
+        return Refusal(ResponseCode.SYSTEM_ERROR, str(error))
+    raise error
+
+
+def _failure_refusal(result: EndResult, tx_input: TxInput) -> Refusal:
+    failure = result.failure
+    assert failure is not None
+    return Refusal(
+        PUT_STATUS_CODES.get(failure.status, ResponseCode.SYSTEM_ERROR),
+        f"{tx_input.value} not stored: {failure.status.value} {failure.error}".rstrip(),
+    )
+
+
+def _code_name(code: int) -> str:
+    try:
+        return f"{ResponseCode(code).name}({code})"
+    except ValueError:
+        return str(code)

@@ -292,15 +292,18 @@ class SinkBatchResolver:
 
     # -- halves ---------------------------------------------------------------------------------
 
-    def on_prepare(self, half: rec.StoredMessage) -> None:
-        """A half message was stored: index it when it is tagged."""
-        try:
-            tag = spark_txn_of(half)
-        except ProtocolError as exc:
-            log.warning("half message %d: %s", half.queue_offset, exc)
+    def on_prepare(self, origin: int, props: dict[str, str]) -> None:
+        """A half message of transaction `origin` with `props` was stored: index it when it is
+        tagged."""
+        text = props.get(SPARK_TXN)
+        if text is None:
             return
-        if tag is not None:
-            self.index.track(hm.origin_of(half), tag)
+        try:
+            tag = parse_spark_txn(text)
+        except ProtocolError as exc:
+            log.warning("half message of transaction %d: %s", origin, exc)
+            return
+        self.index.track(origin, tag)
 
     # -- END_BATCH ------------------------------------------------------------------------------
 
@@ -463,7 +466,7 @@ class SinkBatchResolver:
         for entry in self._resolver.ledger.pending_list():
             half = self._resolver.load_half(entry.physical_offset)
             if half is not None:
-                self.on_prepare(half)
+                self.on_prepare(hm.origin_of(half), half.property_map())
         finished = 0
         for sink_id, batch_id in self.index.pending_batches():
             result = self._finish(sink_id, batch_id)

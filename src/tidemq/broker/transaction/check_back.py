@@ -4,7 +4,8 @@ One pass, every transactionCheckInterval:
 
     half queue, from the CID_RMQ_SYS_TRANS offset to its end *as the pass began*
       │ for each record:
-      ├─ not the newest record of a pending transaction ─▶ skip (resolved, or a stale copy)
+      ├─ not the newest record of a pending transaction ─▶ skip (resolved, or a stale copy;
+      │                                 told by its queue offset alone, without decoding it)
       ├─ a Spark sink half (__SPARKTXN#) ─▶ resolved from the batch records (batch.py), never
       │                                 checked back; one that must wait is rewritten when old
       ├─ TRANSACTION_CHECK_TIMES >= transactionCheckMax, or older than fileReservedTime
@@ -46,6 +47,7 @@ from tidemq.broker.transaction.resolution import (
     SCAN_BATCH_MAX,
     TransactionResolver,
     scan_queue,
+    scan_records,
     start_offset,
 )
 from tidemq.broker.transaction.states import TxInput
@@ -154,17 +156,23 @@ class CheckBackService:
         position = half_start
         pin: int | None = None
         copies: list[rec.StoredMessage] = []
-        for half in scan_queue(self._store, hm.HALF_TOPIC, half_start, half_end):
+        # Only a record that is the newest of a pending transaction needs a visit (what _visit
+        # checks first); the others, most of the queue, are passed over without decoding. No
+        # record of the walk becomes one during the pass: new records go after its end.
+        live = self._ledger.pending_queue_offsets()
+        for queue_offset, data in scan_records(self._store, hm.HALF_TOPIC, half_start, half_end):
             if report.scanned >= self.config.pass_messages_max or (
                 self._clock.monotonic_ms() - started_ms >= self.config.pass_time_max_ms
             ):
                 report.capped = True
                 break
             report.scanned += 1
-            visited = self._visit(half, now_ms, report, copies)
-            if not visited and pin is None:
-                pin = half.queue_offset
-            position = half.queue_offset + 1
+            if queue_offset in live:
+                # The store serves only records whose whole-record CRC it checked.
+                half = rec.decode_record(data, verify_crc=False)
+                if not self._visit(half, now_ms, report, copies) and pin is None:
+                    pin = queue_offset
+            position = queue_offset + 1
             if report.scanned % SCAN_BATCH_MAX == 0:
                 await asyncio.sleep(0)
         else:

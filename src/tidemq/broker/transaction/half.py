@@ -25,6 +25,11 @@ again), REAL_TOPIC, REAL_QID, TRANSACTION_CHECK_TIMES, TRAN_PREPARED_QUEUE_OFFSE
 CHECK_IMMUNITY_TIME_IN_SECONDS, and the store's own __CRC32# and __TAGSCODE#. The tags code is
 recomputed by the store from TAGS. The store time is the commit's, not the half's: store times
 must rise along a consume queue for SEARCH_OFFSET_BY_TIMESTAMP.
+
+Each transaction passes here twice (prepare, commit), so the functions that read a half record's
+properties also come in a `_from` form over an already decoded map: the END path decodes a half's
+properties once and hands the map on, and the messages built here carry their map as
+`MessageToStore.parsed`, so the store does not decode it again.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ from tidemq.protocol import record as rec
 from tidemq.protocol.message import (
     CHECK_IMMUNITY_TIME_IN_SECONDS,
     CRC32_PROPERTY,
+    NAME_VALUE_SEPARATOR,
     PGROUP,
+    PROPERTY_SEPARATOR,
     REAL_QID,
     REAL_TOPIC,
     RMQ_SYS_TRANS_HALF_TOPIC,
@@ -53,7 +60,7 @@ from tidemq.protocol.message import (
     encode_properties,
 )
 from tidemq.store.dispatch import TAGS_CODE_PROPERTY
-from tidemq.store.types import MessageToStore
+from tidemq.store.types import MessageToStore, PutResult
 
 HALF_TOPIC: Final = RMQ_SYS_TRANS_HALF_TOPIC
 OP_TOPIC: Final = RMQ_SYS_TRANS_OP_HALF_TOPIC
@@ -94,37 +101,65 @@ def to_half_message(msg: MessageToStore, producer_group: str) -> MessageToStore:
 
     PGROUP is set from the send header when the client did not set it (the C++ client sets only
     TRAN_MSG); the transaction bits of sysFlag are cleared, so the half record is a NOT-type
-    record with a consume-queue entry in the half topic.
+    record with a consume-queue entry in the half topic. The result's `parsed` holds its
+    properties' map (what `prepare` reads the pending transaction from).
     """
-    props = decode_properties(msg.properties)
-    props[REAL_TOPIC] = msg.topic
-    props[REAL_QID] = str(msg.queue_id)
-    props.setdefault(PGROUP, producer_group)
+    text = msg.properties
+    parsed = msg.parsed
+    props = dict(parsed[1]) if parsed is not None and parsed[0] is text else decode_properties(text)
+    extra = {REAL_TOPIC: msg.topic, REAL_QID: str(msg.queue_id)}
+    if PGROUP not in props:
+        extra[PGROUP] = producer_group
+    if REAL_TOPIC not in props and REAL_QID not in props and is_canonical(text, len(props)):
+        # Byte for byte what encoding the updated map gives: its pairs in order, then extra's.
+        text += encode_properties(extra)
+        props.update(extra)
+    else:
+        props.update(extra)
+        text = encode_properties(props)
     return MessageToStore(
         topic=HALF_TOPIC,
         queue_id=HALF_QUEUE_ID,
         body=msg.body,
         flag=msg.flag,
-        properties=encode_properties(props),
+        properties=text,
         sys_flag=SysFlag.with_transaction_type(msg.sys_flag, SysFlag.TRANSACTION_NOT),
         born_timestamp=msg.born_timestamp,
         born_host=msg.born_host,
         store_host=msg.store_host,
         reconsume_times=msg.reconsume_times,
+        parsed=(text, props),
     )
+
+
+def is_canonical(text: str, pairs: int) -> bool:
+    """Whether `text`, whose map has `pairs` entries, is what encoding that map gives back: every
+    fragment one distinct, non-empty `key\\x01value\\x02` (what clients send)."""
+    return (
+        not text or (text[-1] == PROPERTY_SEPARATOR and text.count(PROPERTY_SEPARATOR) == pairs)
+    ) and text.count(NAME_VALUE_SEPARATOR) == pairs
+
+
+def origin_from(props: dict[str, str], queue_offset: int) -> int:
+    """`origin_of` over the half record's decoded properties and its queue offset."""
+    text = props.get(TRAN_PREPARED_QUEUE_OFFSET)
+    if text is not None and text.strip().isdigit():
+        return int(text)
+    return queue_offset
 
 
 def origin_of(half: rec.StoredMessage) -> int:
     """The transaction's origin: TRAN_PREPARED_QUEUE_OFFSET of a copy, else the own offset."""
-    text = half.property_map().get(TRAN_PREPARED_QUEUE_OFFSET)
-    if text is not None and text.strip().isdigit():
-        return int(text)
-    return half.queue_offset
+    return origin_from(half.property_map(), half.queue_offset)
+
+
+def check_times_from(props: dict[str, str]) -> int:
+    text = props.get(TRANSACTION_CHECK_TIMES, "0").strip()
+    return int(text) if text.isdigit() else 0
 
 
 def check_times_of(half: rec.StoredMessage) -> int:
-    text = half.property_map().get(TRANSACTION_CHECK_TIMES, "0").strip()
-    return int(text) if text.isdigit() else 0
+    return check_times_from(half.property_map())
 
 
 def immunity_ms_of(half: rec.StoredMessage) -> int | None:
@@ -135,29 +170,68 @@ def immunity_ms_of(half: rec.StoredMessage) -> int | None:
     return int(text) * 1000
 
 
-def real_destination(half: rec.StoredMessage) -> tuple[str, int]:
-    """(REAL_TOPIC, REAL_QID) of a half record. Raises ProtocolError when they are missing."""
-    props = half.property_map()
+def real_destination_from(props: dict[str, str], queue_offset: int) -> tuple[str, int]:
+    """`real_destination` over decoded properties (`queue_offset` names the record in errors)."""
     topic = props.get(REAL_TOPIC)
     qid = props.get(REAL_QID, "").strip()
     if not topic or not qid.isdigit():
-        raise ProtocolError(
-            f"half message at offset {half.queue_offset} lacks {REAL_TOPIC}/{REAL_QID}"
-        )
+        raise ProtocolError(f"half message at offset {queue_offset} lacks {REAL_TOPIC}/{REAL_QID}")
     return topic, int(qid)
 
 
-def to_real_message(half: rec.StoredMessage) -> MessageToStore:
-    """The committed real message rebuilt from a half record (see the module docstring)."""
-    topic, queue_id = real_destination(half)
-    props = {k: v for k, v in half.property_map().items() if k not in HALF_ONLY_PROPERTIES}
-    return message_from_stored(
+def real_destination(half: rec.StoredMessage) -> tuple[str, int]:
+    """(REAL_TOPIC, REAL_QID) of a half record. Raises ProtocolError when they are missing."""
+    return real_destination_from(half.property_map(), half.queue_offset)
+
+
+def to_real_message(half: rec.StoredMessage, props: dict[str, str] | None = None) -> MessageToStore:
+    """The committed real message rebuilt from a half record (see the module docstring).
+
+    `props` is `half.property_map()` when the caller has it already (it is not modified).
+    """
+    if props is None:
+        props = half.property_map()
+    topic, queue_id = real_destination_from(props, half.queue_offset)
+    kept = {k: v for k, v in props.items() if k not in HALF_ONLY_PROPERTIES}
+    real = message_from_stored(
         half,
         topic=topic,
         queue_id=queue_id,
-        properties=props,
+        properties=kept,
         sys_flag=SysFlag.with_transaction_type(half.sys_flag, SysFlag.COMMIT),
         prepared_transaction_offset=half.physical_offset,
+    )
+    # message_from_stored encodes `kept` less the store's own properties, which are half-only.
+    real.parsed = (real.properties, kept)
+    return real
+
+
+def to_real_message_of_put(
+    half: MessageToStore, put: PutResult, props: dict[str, str]
+) -> MessageToStore:
+    """`to_real_message` of a half message as this broker put it (`half`, from
+    to_half_message, stored as `put`), without reading the record back: the record the store
+    makes of the result is the same, byte for byte (tests compare them).
+
+    `props` is `half.parsed`'s map (not modified). Hosts stay as put: the store packs them the
+    same way either time.
+    """
+    topic, queue_id = real_destination_from(props, put.queue_offset)
+    kept = {k: v for k, v in props.items() if k not in HALF_ONLY_PROPERTIES}
+    text = encode_properties(kept)
+    return MessageToStore(
+        topic=topic,
+        queue_id=queue_id,
+        body=half.body,
+        flag=half.flag,
+        properties=text,
+        sys_flag=SysFlag.with_transaction_type(half.sys_flag, SysFlag.COMMIT),
+        born_timestamp=half.born_timestamp,
+        born_host=half.born_host,
+        store_host=half.store_host,
+        reconsume_times=half.reconsume_times,
+        prepared_transaction_offset=put.physical_offset,
+        parsed=(text, kept),
     )
 
 
@@ -210,6 +284,14 @@ def parse_op_body(body: bytes) -> list[int]:
     return [int(p) for p in parts]
 
 
+def _op_properties(outcome: Outcome) -> str:
+    return encode_properties({TAGS: OP_TAG, OUTCOME_PROPERTY: outcome.value})
+
+
+# One op message is stored per commit round: its properties are the same every time.
+_OP_PROPERTIES: Final = {outcome: _op_properties(outcome) for outcome in Outcome}
+
+
 def op_message(
     origins: list[int],
     outcome: Outcome,
@@ -218,17 +300,18 @@ def op_message(
     now_ms: int,
 ) -> MessageToStore:
     """The op message marking `origins` resolved with `outcome`."""
-    props = {TAGS: OP_TAG, OUTCOME_PROPERTY: outcome.value}
+    text = _OP_PROPERTIES[outcome]
     return MessageToStore(
         topic=OP_TOPIC,
         queue_id=HALF_QUEUE_ID,
         body=encode_op_body(origins),
         flag=0,
-        properties=encode_properties(props),
+        properties=text,
         sys_flag=0,
         born_timestamp=now_ms,
         born_host=store_host,
         store_host=store_host,
+        parsed=(text, {TAGS: OP_TAG, OUTCOME_PROPERTY: outcome.value}),
     )
 
 

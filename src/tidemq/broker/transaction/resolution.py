@@ -1,13 +1,21 @@
 """The exactly-once ledger of transactions, and the resolver that writes outcomes to the store.
 
-TransactionLedger (memory only) knows, per origin (states.py), either the live half message —
-`PendingHalf`, the newest copy's offsets and what `tidemq tx list` shows — or the outcome of a
-resolved transaction. TransactionResolver does the writes: prepare (half message), commit (real
-message, then op message), rollback and discard (op message), check copies. The broker runs it on
-its one event loop and each operation is synchronous from the ledger lookup to the ledger update,
-so two answers for one transaction (a client's END_TRANSACTION racing a check-back answer, or a
-retried COMMIT) are serialised: the first resolves, the second finds the outcome and either
-agrees (success, nothing stored) or contradicts it (IllegalStateTransition, refused).
+TransactionLedger (ledger.py, memory only) knows, per origin (states.py), either the live half
+message or the outcome of a resolved transaction. TransactionResolver does the writes: prepare
+(half message), commit (real message, then op message), rollback and discard (op message), check
+copies. The broker runs it on its one event loop and each operation is synchronous from the
+ledger lookup to the ledger update, so two answers for one transaction (a client's
+END_TRANSACTION racing a check-back answer, or a retried COMMIT) are serialised: the first
+resolves, the second finds the outcome and either agrees (success, nothing stored) or contradicts
+it (IllegalStateTransition, refused).
+
+Answers come one by one (`end`) or as the batch of one loop turn (`end_many`, what the
+END_TRANSACTION handler collects from oneway requests). A batch is applied as the same answers
+one by one would be, but stores less: the real messages of its commits with one store call per
+queue, then one op message per outcome whose body lists every origin ("17,18,19,", the 5.x batch
+form). Two store calls, not one, because a store call takes one queue; the order is what makes it
+safe: the commit log keeps a prefix after a crash, so an op on disk means its real messages are
+too, and a real message whose op was lost is found by step 3 below.
 
 Rebuilt at start from the store alone (`rebuild`):
 
@@ -21,20 +29,14 @@ Rebuilt at start from the store alone (`rebuild`):
        so a check-back cannot commit it twice. Found through the key index (UNIQ_KEY of the
        real topic) and preparedTransactionOffset → a record of the same origin.
 
-Memory is bounded twice. Pending transactions: at most `in_flight_max`; a prepare beyond it is
-refused (SYSTEM_BUSY), and every pending one is resolved or discarded within transactionTimeOut +
-transactionCheckInterval * (transactionCheckMax + 1). Outcomes: the newest `outcomes_max` are
-kept (FIFO). An answer for a transaction whose outcome was forgotten is refused with a clear
-remark rather than guessed; the check service never needs a forgotten outcome, because pending
-is authoritative in memory and rebuild replays every op that a record still in the walk can
-refer to (check_back.py keeps the op offset behind the half offset's record).
+The ledger itself, and how its memory is bounded, is ledger.py.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-from collections.abc import Callable, Iterator
+import struct
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -42,28 +44,49 @@ from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.schedule import DelayRefused
 from tidemq.broker.timer import TIMER_TOPIC_PREFIX
 from tidemq.broker.transaction import half as hm
+from tidemq.broker.transaction.ledger import (
+    TRANSACTION_OUTCOMES_MAX,
+    PendingHalf,
+    TransactionBusy,
+    TransactionForgotten,
+    TransactionLedger,
+    pending_from,
+    pending_of,
+)
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput, TxState, apply
 from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.clock import Clock
 from tidemq.errors import CorruptRecordError, ProtocolError
 from tidemq.protocol import record as rec
-from tidemq.protocol.message import (
-    KEYS,
-    PGROUP,
-    SCHEDULE_TOPIC_XXXX,
-    TRANS_CHECK_GROUP,
-    UNIQ_KEY,
-    SysFlag,
-)
+from tidemq.protocol.message import SCHEDULE_TOPIC_XXXX, TRANS_CHECK_GROUP, UNIQ_KEY, SysFlag
 from tidemq.store.message_store import FileMessageStore
 from tidemq.store.types import GetStatus, MessageToStore, PutResult
 
 log = logging.getLogger(__name__)
 
-# Live half messages kept in memory (~300 B each: 60 MB). Beyond it prepares are refused.
-TRANSACTIONS_IN_FLIGHT_MAX: Final = 200_000
-# Outcomes remembered for late or repeated answers (~100 B each: 20 MB).
-TRANSACTION_OUTCOMES_MAX: Final = 200_000
+# The ledger's names are re-exported: the send and END handlers, the composition root and the
+# simulation import them from here.
+__all__ = [
+    "END_RUN_MAX",
+    "OUTCOMES_REPLAY_EXTRA",
+    "RECENT_HALF_AGE_MAX_MS",
+    "RECENT_HALVES_MAX",
+    "REPAIR_CANDIDATES_MAX",
+    "SCAN_BATCH_MAX",
+    "Answer",
+    "EndResult",
+    "PendingHalf",
+    "TransactionBusy",
+    "TransactionForgotten",
+    "TransactionLedger",
+    "TransactionResolver",
+    "pending_from",
+    "pending_of",
+    "scan_queue",
+    "scan_records",
+    "start_offset",
+]
+
 # At start, op messages replayed before the persisted op offset, so recent outcomes survive.
 OUTCOMES_REPLAY_EXTRA: Final = TRANSACTION_OUTCOMES_MAX
 # Records read per store call while scanning a system queue.
@@ -71,126 +94,19 @@ SCAN_BATCH_MAX: Final = 64
 # Index candidates read when looking for a committed real message at start.
 REPAIR_CANDIDATES_MAX: Final = 8
 
+# Half messages remembered from their prepare until their END (~1.5 KB each with a 1 KiB body:
+# 6 MB), so an END that follows within a round trip, as almost all do, needs no record read and
+# decode; FIFO beyond it. Only this young, so retention cannot have removed the record.
+RECENT_HALVES_MAX: Final = 4_096
+RECENT_HALF_AGE_MAX_MS: Final = 10_000
+
+# Answers stored by one end_many run: each run writes one op message per outcome, whose body
+# lists the run's origins (far below OP_BODY_OFFSETS_MAX), and bounds one loop turn's work.
+END_RUN_MAX: Final = 1_024
+assert END_RUN_MAX <= hm.OP_BODY_OFFSETS_MAX
+
 _FOREVER_MS: Final = 2**62
-
-
-@dataclass(slots=True)
-class PendingHalf:
-    """A live transaction: its newest half record and what operators see of it."""
-
-    origin: int
-    queue_offset: int
-    physical_offset: int
-    state: TxState
-    real_topic: str
-    producer_group: str
-    first_store_ms: int
-    check_times: int
-    key: str
-
-
-class TransactionForgotten(Exception):
-    """The transaction was resolved longer ago than the ledger remembers outcomes."""
-
-
-class TransactionBusy(Exception):
-    """`in_flight_max` half messages are live; a new prepare must wait."""
-
-
-def pending_of(half: rec.StoredMessage, state: TxState) -> PendingHalf:
-    props = half.property_map()
-    topic, _qid = hm.real_destination(half)
-    return PendingHalf(
-        origin=hm.origin_of(half),
-        queue_offset=half.queue_offset,
-        physical_offset=half.physical_offset,
-        state=state,
-        real_topic=topic,
-        producer_group=props.get(PGROUP, ""),
-        first_store_ms=half.store_timestamp,
-        check_times=hm.check_times_of(half),
-        key=props.get(KEYS) or props.get(UNIQ_KEY, ""),
-    )
-
-
-class TransactionLedger:
-    def __init__(
-        self,
-        *,
-        in_flight_max: int = TRANSACTIONS_IN_FLIGHT_MAX,
-        outcomes_max: int = TRANSACTION_OUTCOMES_MAX,
-    ) -> None:
-        assert in_flight_max > 0
-        assert outcomes_max > 0
-        self.in_flight_max = in_flight_max
-        self.outcomes_max = outcomes_max
-        self._pending: dict[int, PendingHalf] = {}
-        self._outcomes: collections.OrderedDict[int, TxState] = collections.OrderedDict()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
-
-    @property
-    def full(self) -> bool:
-        return len(self._pending) >= self.in_flight_max
-
-    def state(self, origin: int) -> TxState | None:
-        """The transaction's state; None when never seen or its outcome was forgotten."""
-        entry = self._pending.get(origin)
-        if entry is not None:
-            return entry.state
-        return self._outcomes.get(origin)
-
-    def pending(self, origin: int) -> PendingHalf | None:
-        return self._pending.get(origin)
-
-    def pending_list(self) -> list[PendingHalf]:
-        return sorted(self._pending.values(), key=lambda p: p.origin)
-
-    def track(self, entry: PendingHalf) -> None:
-        """A new half record (prepare, check copy or rewrite) is now the transaction's newest."""
-        assert entry.origin not in self._outcomes, entry
-        current = self._pending.get(entry.origin)
-        if current is None or entry.queue_offset >= current.queue_offset:
-            self._pending[entry.origin] = entry
-
-    def apply(self, origin: int, tx_input: TxInput) -> TxState:
-        """Apply `tx_input`; a resolving one moves the row from pending to outcomes.
-
-        Raises IllegalStateTransition, or TransactionForgotten for an unknown origin.
-        """
-        state = self.state(origin)
-        if state is None:
-            raise TransactionForgotten(origin)
-        new = apply(state, tx_input)
-        entry = self._pending.get(origin)
-        if entry is not None:
-            if new.resolved:
-                del self._pending[origin]
-                self._remember(origin, new)
-            else:
-                entry.state = new
-        return new
-
-    def _remember(self, origin: int, state: TxState) -> None:
-        self._outcomes[origin] = state
-        while len(self._outcomes) > self.outcomes_max:
-            self._outcomes.popitem(last=False)
-
-    def remember(self, origin: int, state: TxState) -> None:
-        """Record an outcome read from the op queue (rebuild)."""
-        assert state.resolved
-        self._pending.pop(origin, None)
-        self._remember(origin, state)
-
-    def drop_below(self, queue_offset_min: int) -> list[PendingHalf]:
-        """Forget pending transactions whose newest record fell off the half queue (retention)."""
-        lost = [p for p in self._pending.values() if p.queue_offset < queue_offset_min]
-        for entry in lost:
-            del self._pending[entry.origin]
-            self._remember(entry.origin, TxState.DISCARDED)
-        return lost
+_QUEUE_OFFSET: Final = struct.Struct(">q")
 
 
 _OUTCOME_STATES: Final = {
@@ -213,11 +129,11 @@ def start_offset(store: FileMessageStore, offsets: ConsumerOffsetTable, topic: s
     return min(max(committed if committed is not None else low, low), high)
 
 
-def scan_queue(
+def scan_records(
     store: FileMessageStore, topic: str, start: int, end: int
-) -> Iterator[rec.StoredMessage]:
-    """Records of `topic` queue 0 with start <= queue offset < end, in order. Records that fail
-    their checks are skipped by the store (and logged there)."""
+) -> Iterator[tuple[int, bytes]]:
+    """(queue offset, record) of `topic` queue 0 with start <= queue offset < end, in order, not
+    decoded. Records that fail their checks are skipped by the store (and logged there)."""
     offset = start
     while offset < end:
         result = store.get_messages(topic, hm.HALF_QUEUE_ID, offset, SCAN_BATCH_MAX)
@@ -229,11 +145,52 @@ def scan_queue(
         if not result.records:
             return
         for data in result.records:
-            message = rec.decode_record(data)
-            if message.queue_offset >= end:
+            (queue_offset,) = _QUEUE_OFFSET.unpack_from(data, rec.QUEUE_OFFSET_POS)
+            if queue_offset >= end:
                 return
-            yield message
+            yield queue_offset, data
         offset = result.next_begin_offset
+
+
+def scan_queue(
+    store: FileMessageStore, topic: str, start: int, end: int
+) -> Iterator[rec.StoredMessage]:
+    """`scan_records`, decoded."""
+    for _queue_offset, data in scan_records(store, topic, start, end):
+        # The store serves only records whose whole-record CRC it checked.
+        yield rec.decode_record(data, verify_crc=False)
+
+
+@dataclass(slots=True)
+class Answer:
+    """A producer's COMMIT, ROLLBACK or UNKNOWN about a half record (any copy): the record's
+    offsets and properties, decoded once, and the transaction's origin. The record is either
+    read back (`half`) or, for a half message prepared moments ago, the message as it was put
+    (`put`, with its PutResult)."""
+
+    tx_input: TxInput
+    props: dict[str, str]
+    origin: int
+    queue_offset: int
+    physical_offset: int
+    half: rec.StoredMessage | None = None
+    put: tuple[MessageToStore, PutResult] | None = None
+
+    @classmethod
+    def of(
+        cls, half: rec.StoredMessage, tx_input: TxInput, props: dict[str, str] | None = None
+    ) -> Answer:
+        if props is None:
+            props = half.property_map()
+        origin = hm.origin_from(props, half.queue_offset)
+        return cls(tx_input, props, origin, half.queue_offset, half.physical_offset, half=half)
+
+    def real_message(self) -> MessageToStore:
+        """The committed message. Raises ProtocolError (no real destination)."""
+        if self.half is not None:
+            return hm.to_real_message(self.half, self.props)
+        assert self.put is not None
+        return hm.to_real_message_of_put(self.put[0], self.put[1], self.props)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,11 +220,14 @@ class TransactionResolver:
         self.stats = stats
         self._clock = clock
         self._store_host = store_host
-        # Called with each new half record (the Spark sink's batch index, batch.py).
-        self.prepare_listeners: list[Callable[[rec.StoredMessage], None]] = []
+        # Called with each new half record's origin and properties (the Spark sink's batch
+        # index, batch.py).
+        self.prepare_listeners: list[Callable[[int, dict[str, str]], None]] = []
         # The send path's DelayRouter.route: a committed message with DELAY or TIMER_* is
         # parked like any other send, not delivered at once.
         self._route = route
+        # Physical offset -> the half message as put and its result (RECENT_HALVES_MAX).
+        self._recent: dict[int, tuple[MessageToStore, PutResult]] = {}
 
     def set_store_host(self, store_host: tuple[str, int]) -> None:
         """The advertised address is known only once the server is bound (port 0)."""
@@ -280,18 +240,65 @@ class TransactionResolver:
 
         Raises TransactionBusy when `in_flight_max` transactions are live.
         """
+        half = self.half_message(msg, producer_group)
+        result = self.store.put_message(half)
+        if result.ok:
+            self.half_stored(half, result)
+        return result
+
+    def half_message(self, msg: MessageToStore, producer_group: str) -> MessageToStore:
+        """The first half of `prepare`, for a caller that stores the half message together with
+        other messages (one store call for a loop turn's sends): what to store.
+
+        Raises TransactionBusy when `in_flight_max` transactions are live (halves stored
+        together pass this check together, so the ledger may exceed it by one such batch).
+        """
         if self.ledger.full:
             raise TransactionBusy(f"{self.ledger.in_flight} transactions in flight")
-        result = self.store.put_message(hm.to_half_message(msg, producer_group))
-        if result.ok:
-            data = self.store.read_record(result.physical_offset)
-            assert data is not None
-            half = rec.decode_record(data)
-            self.ledger.track(pending_of(half, TxState.PREPARED))
-            self.stats.prepared += 1
-            for listener in self.prepare_listeners:
-                listener(half)
-        return result
+        return hm.to_half_message(msg, producer_group)
+
+    def half_stored(self, half: MessageToStore, result: PutResult) -> None:
+        """The second half of `prepare`: `half` (from `half_message`) was stored as `result`.
+
+        The pending entry comes from what was put, not from reading the record back: the store
+        keeps every property it reads (tests/broker/transaction compare the two).
+        """
+        assert result.ok, result
+        assert half.parsed is not None
+        props = half.parsed[1]
+        entry = pending_from(
+            props,
+            result.queue_offset,
+            result.physical_offset,
+            result.store_timestamp,
+            TxState.PREPARED,
+        )
+        self.ledger.track(entry)
+        self.stats.prepared += 1
+        recent = self._recent
+        recent[result.physical_offset] = (half, result)
+        if len(recent) > RECENT_HALVES_MAX:
+            del recent[next(iter(recent))]
+        for listener in self.prepare_listeners:
+            listener(entry.origin, props)
+
+    def answer_at(self, commit_log_offset: int, tx_input: TxInput) -> Answer | None:
+        """The answer about the half record at `commit_log_offset`; None when there is none.
+
+        A half message prepared moments ago comes from memory (as put), any other is read back.
+        """
+        recent = self._recent.pop(commit_log_offset, None)
+        if recent is not None:
+            half, put = recent
+            if self._clock.now_ms() - put.store_timestamp <= RECENT_HALF_AGE_MAX_MS:
+                assert half.parsed is not None
+                props = half.parsed[1]
+                origin = hm.origin_from(props, put.queue_offset)
+                return Answer(
+                    tx_input, props, origin, put.queue_offset, commit_log_offset, put=recent
+                )
+        loaded = self.load_half(commit_log_offset)
+        return None if loaded is None else Answer.of(loaded, tx_input)
 
     def load_half(self, commit_log_offset: int) -> rec.StoredMessage | None:
         """The half record at `commit_log_offset`, or None when there is none (or another)."""
@@ -301,7 +308,8 @@ class TransactionResolver:
             data = self.store.read_record(commit_log_offset)
             if data is None:
                 return None
-            message = rec.decode_record(data)
+            # read_record returns only a record whose whole-record CRC it checked.
+            message = rec.decode_record(data, verify_crc=False)
         except (CorruptRecordError, ProtocolError) as exc:
             log.warning("no readable half message at %d: %s", commit_log_offset, exc)
             return None
@@ -311,44 +319,123 @@ class TransactionResolver:
 
     # -- answers -------------------------------------------------------------------------------
 
-    def end(self, half: rec.StoredMessage, tx_input: TxInput) -> EndResult:
-        """Apply a producer's answer about `half` (any copy of the transaction).
+    def end(
+        self, half: rec.StoredMessage, tx_input: TxInput, props: dict[str, str] | None = None
+    ) -> EndResult:
+        """Apply a producer's answer about `half` (any copy of the transaction); `props` is
+        `half.property_map()` when the caller has it.
 
-        Raises IllegalStateTransition (contradicts the outcome) or TransactionForgotten.
+        Raises IllegalStateTransition (contradicts the outcome), TransactionForgotten, or
+        ProtocolError (the half record lacks its real destination).
         """
-        origin = hm.origin_of(half)
-        state = self.ledger.state(origin)
-        if state is None:
-            raise TransactionForgotten(origin)
-        if state.resolved:
+        (result,) = self.end_many([Answer.of(half, tx_input, props)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def end_many(self, answers: Sequence[Answer]) -> list[EndResult | Exception]:
+        """Apply `answers` in order, each as `end` would; an answer's exception is its result.
+
+        Answers about distinct transactions are stored together: the real messages of a run of
+        commits with one store call per queue, then one op message per outcome listing them all
+        (rebuild reads that batch op form). A second answer about a transaction of the run ends
+        the run first, so it finds the first one's outcome, as it would one by one.
+        """
+        results: list[EndResult | Exception | None] = []  # None: in the run, stored below
+        run: list[int] = []
+        origins: set[int] = set()
+        ledger = self.ledger
+        for index, answer in enumerate(answers):
+            origin = answer.origin
+            if origin in origins or len(run) >= END_RUN_MAX:
+                self._store_run(answers, run, results)
+                run, origins = [], set()
+            state = ledger.state(origin)
+            result: EndResult | Exception | None = None
+            if state is None:
+                result = TransactionForgotten(origin)
+            elif state.resolved:
+                result = self._repeat(state, answer.tx_input)
+            elif answer.tx_input is TxInput.UNKNOWN:
+                result = EndResult(ledger.apply(origin, TxInput.UNKNOWN))
+            else:
+                run.append(index)
+                origins.add(origin)
+            results.append(result)
+        self._store_run(answers, run, results)
+        done = [result for result in results if result is not None]
+        assert len(done) == len(results)
+        return done
+
+    def _repeat(self, state: TxState, tx_input: TxInput) -> EndResult | Exception:
+        """An answer about a resolved transaction: agrees (nothing stored) or is refused."""
+        try:
+            new = apply(state, tx_input)
+        except IllegalStateTransition as exc:
+            self.stats.refused_answers += 1
+            return exc
+        if tx_input is not TxInput.UNKNOWN:
+            self.stats.duplicate_answers += 1
+        return EndResult(new, duplicate=True)
+
+    def _store_run(
+        self,
+        answers: Sequence[Answer],
+        run: list[int],
+        results: list[EndResult | Exception | None],
+    ) -> None:
+        """Store the COMMITs and ROLLBACKs at `run` (distinct pending transactions) and fill in
+        their results. Real messages first, then the op messages: the commit log keeps a prefix
+        after a crash, so an op on disk means its real messages are too; a real message whose op
+        was lost is found by rebuild's repair."""
+        if not run:
+            return
+        by_queue: dict[tuple[str, int], list[tuple[int, MessageToStore]]] = {}
+        rollbacks: list[int] = []
+        for index in run:
+            answer = answers[index]
+            if answer.tx_input is TxInput.ROLLBACK:
+                rollbacks.append(index)
+                continue
+            assert answer.tx_input is TxInput.COMMIT, answer.tx_input
             try:
-                new = apply(state, tx_input)
-            except IllegalStateTransition:
-                self.stats.refused_answers += 1
-                raise
-            if tx_input is not TxInput.UNKNOWN:
-                self.stats.duplicate_answers += 1
-            return EndResult(new, duplicate=True)
-        if tx_input is TxInput.UNKNOWN:
-            return EndResult(self.ledger.apply(origin, tx_input))
-        stored = None
-        if tx_input is TxInput.COMMIT:
-            stored = self.store.put_message(self._routed(hm.to_real_message(half)))
-            if not stored.ok:
-                return EndResult(state, failure=stored)
-            outcome = hm.Outcome.COMMIT
-        else:
-            assert tx_input is TxInput.ROLLBACK, tx_input
-            outcome = hm.Outcome.ROLLBACK
-        op = self._put_op(origin, outcome)
-        if not op.ok and stored is None:
-            return EndResult(state, failure=op)
-        new = self.ledger.apply(origin, tx_input)
-        if stored is not None:
-            self.stats.committed += 1
-        else:
-            self.stats.rolled_back += 1
-        return EndResult(new, stored=stored)
+                real = self._routed(answer.real_message())
+            except ProtocolError as exc:
+                results[index] = exc
+                continue
+            by_queue.setdefault((real.topic, real.queue_id), []).append((index, real))
+        stored: list[tuple[int, PutResult]] = []
+        for items in by_queue.values():
+            puts = self.store.put_messages([real for _, real in items])
+            for (index, _), put in zip(items, puts, strict=True):
+                if put.ok:
+                    stored.append((index, put))
+                else:
+                    results[index] = self._unchanged(answers[index], put)
+        ledger = self.ledger
+        if stored:
+            # A lost op message is logged; the ledger says COMMITTED now and the start-up repair
+            # finds the real message, so the outcome survives a restart anyway.
+            self._put_op([answers[index].origin for index, _ in stored], hm.Outcome.COMMIT)
+            for index, put in stored:
+                state = ledger.apply(answers[index].origin, TxInput.COMMIT)
+                results[index] = EndResult(state, stored=put)
+            self.stats.committed += len(stored)
+        if rollbacks:
+            op = self._put_op([answers[index].origin for index in rollbacks], hm.Outcome.ROLLBACK)
+            for index in rollbacks:
+                if op.ok:
+                    state = ledger.apply(answers[index].origin, TxInput.ROLLBACK)
+                    results[index] = EndResult(state)
+                else:
+                    results[index] = self._unchanged(answers[index], op)
+            if op.ok:
+                self.stats.rolled_back += len(rollbacks)
+
+    def _unchanged(self, answer: Answer, failure: PutResult) -> EndResult:
+        state = self.ledger.state(answer.origin)
+        assert state is not None
+        return EndResult(state, failure=failure)
 
     def _routed(self, real: MessageToStore) -> MessageToStore:
         if self._route is None:
@@ -360,17 +447,15 @@ class TransactionResolver:
             log.warning("committed message to %s delivered at once: %s", real.topic, exc)
             return real
 
-    def _put_op(self, origin: int, outcome: hm.Outcome) -> PutResult:
+    def _put_op(self, origins: list[int], outcome: hm.Outcome) -> PutResult:
         op = hm.op_message(
-            [origin], outcome, store_host=self._store_host, now_ms=self._clock.now_ms()
+            origins, outcome, store_host=self._store_host, now_ms=self._clock.now_ms()
         )
         result = self.store.put_message(op)
         if not result.ok:
-            # After a COMMIT the real message is stored: the ledger says COMMITTED now and the
-            # start-up repair finds the real message, so the outcome survives a restart anyway.
             log.error(
-                "op message for transaction %d (%s) not stored: %s %s",
-                origin,
+                "op message for transactions %s (%s) not stored: %s %s",
+                origins,
                 outcome.value,
                 result.status.value,
                 result.error,
@@ -386,7 +471,7 @@ class TransactionResolver:
         if not parked.ok:
             log.error("could not discard transaction %d: %s", origin, parked.error)
             return False
-        self._put_op(origin, hm.Outcome.DISCARD)
+        self._put_op([origin], hm.Outcome.DISCARD)
         self.ledger.apply(origin, TxInput.DISCARD)
         self.stats.discarded += 1
         return True
@@ -474,7 +559,7 @@ class TransactionResolver:
                 log.warning(
                     "transaction %d was committed before a crash: op repaired", entry.origin
                 )
-                self._put_op(entry.origin, hm.Outcome.COMMIT)
+                self._put_op([entry.origin], hm.Outcome.COMMIT)
                 self.ledger.apply(entry.origin, _OUTCOME_INPUTS[hm.Outcome.COMMIT])
                 return True
         return False
