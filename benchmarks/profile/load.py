@@ -1,6 +1,11 @@
 """A load generator for profiling: one shape of produce traffic against a running TideMQ.
 
-Usage: python benchmarks/profile/load.py NAMESRV {sync,pipelined,batched} COUNT [--profile OUT]
+Usage: python benchmarks/profile/load.py NAMESRV {sync,pipelined,batched,transactional} COUNT
+       [--profile OUT]
+
+"pipelined" keeps `--window` send_nowait futures in flight (awaiting the oldest when full).
+"transactional" keeps `--window` send_message_in_transaction in flight with a listener that
+commits at once: half send, local transaction, END_TRANSACTION (oneway) per message.
 
 With --profile the client side runs under cProfile and writes OUT (for the client's own costs).
 """
@@ -9,21 +14,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import cProfile
 import os
 import time
 
-from tidemq.client.message import Message
+from tidemq.client.message import Message, SendResult
 from tidemq.client.producer import Producer
+from tidemq.client.transaction import LocalTransactionState, TransactionProducer
 from tidemq.remoting.loop import install_uvloop
 
 BODY_SIZE = 1024
 
 
+class CommitListener:
+    """The transactional shape's listener: every local transaction commits, checks too."""
+
+    def execute_local_transaction(self, message: object, arg: object) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    def check_local_transaction(self, message: object) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
 async def run(namesrv: str, shape: str, count: int, window: int, batch: int) -> float:
     body = os.urandom(BODY_SIZE)
     topic = f"Profile{shape.capitalize()}"
-    producer = Producer("profile_producer", namesrv)
+    producer = (
+        TransactionProducer("profile_producer", namesrv, listener=CommitListener())
+        if shape == "transactional"
+        else Producer("profile_producer", namesrv)
+    )
     await producer.start()
     try:
         await producer.send(Message(topic, body))
@@ -33,18 +54,29 @@ async def run(namesrv: str, shape: str, count: int, window: int, batch: int) -> 
             for _ in range(count):
                 await producer.send(Message(topic, body))
         elif shape == "pipelined":
-            semaphore = asyncio.Semaphore(window)
-
-            async def one() -> None:
-                async with semaphore:
-                    await producer.send(Message(topic, body))
-
-            tasks = []
+            # send_nowait with a window of `window` futures, awaiting the oldest when it is full
+            # (RocketMQ's async send with a window): no coroutine or task per message.
+            in_flight: collections.deque[asyncio.Future[SendResult]] = collections.deque()
             for _ in range(count):
-                await semaphore.acquire()
-                semaphore.release()
-                tasks.append(asyncio.create_task(one()))
-            await asyncio.gather(*tasks)
+                if len(in_flight) >= window:
+                    await in_flight.popleft()
+                in_flight.append(producer.send_nowait(Message(topic, body)))
+            for future in in_flight:
+                await future
+        elif shape == "transactional":
+            # `window` workers, each awaiting one transaction after another (the side-by-side
+            # suite's shape): no task per transaction.
+            assert isinstance(producer, TransactionProducer)
+            transactional = producer
+            left = count
+
+            async def worker() -> None:
+                nonlocal left
+                while left > 0:
+                    left -= 1
+                    await transactional.send_message_in_transaction(Message(topic, body))
+
+            await asyncio.gather(*(worker() for _ in range(window)))
         else:
             semaphore = asyncio.Semaphore(8)
 
@@ -65,7 +97,7 @@ async def run(namesrv: str, shape: str, count: int, window: int, batch: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("namesrv")
-    parser.add_argument("shape", choices=["sync", "pipelined", "batched"])
+    parser.add_argument("shape", choices=["sync", "pipelined", "batched", "transactional"])
     parser.add_argument("count", type=int)
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--batch", type=int, default=64)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,6 +39,10 @@ class FakeBroker:
     # Per request code: a function answering it (default: SUCCESS with no fields).
     replies: dict[int, Reply] = field(default_factory=dict)
     send_count: int = 0
+    # Request codes whose requests are recorded and answered only once `release` is set (a
+    # stalled broker; FakeCluster.stop sets it, so no handler outlives the test).
+    stalled: set[int] = field(default_factory=set)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def addr(self) -> str:
@@ -49,6 +54,8 @@ class FakeBroker:
 
     async def handle(self, connection: Connection, request: RemotingCommand) -> RemotingCommand:
         self.requests.append(request)
+        if request.code in self.stalled:
+            await self.release.wait()
         reply = self.replies.get(request.code)
         if reply is not None:
             answer = reply(request)
@@ -117,6 +124,8 @@ class FakeCluster:
         self.add_topic("TBW102", queues=8, perm=7)
 
     async def stop(self) -> None:
+        for broker in self.brokers:
+            broker.release.set()
         for server in [self.namesrv, *(b.server for b in self.brokers)]:
             if server is not None:
                 await server.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidemq.client.message import Message
-from tidemq.client.producer import message_properties
+from tidemq.client.sending import message_properties
 from tidemq.protocol import message as pm
 from tidemq.protocol.message import TIMER_DELIVER_MS
 

@@ -63,3 +63,15 @@ def test_falls_back_when_everything_is_skipped():
     assert select_queue(QUEUES, 0, faults, 1.0, last_failed_broker="a").broker_name == "b"
     only_a = [q for q in QUEUES if q.broker_name == "a"]
     assert select_queue(only_a, 1, faults, 1.0, last_failed_broker="a") == only_a[1]
+
+
+def test_fast_send_clears_the_record_and_slow_send_sets_one():
+    faults = FaultTracker()
+    faults.record("a", 0.0, now_ms=0.0, failed=True)
+    assert not faults.is_available("a", 1.0)
+    faults.record("a", 549.0, now_ms=1.0, failed=False)  # a later send, picked anyway, was fast
+    assert faults.is_available("a", 1.0)
+    assert faults.least_bad(1.0) is None
+    faults.record("a", 550.0, now_ms=2.0, failed=False)
+    assert not faults.is_available("a", 2.0 + 29_999)
+    assert faults.is_available("a", 2.0 + 30_000)

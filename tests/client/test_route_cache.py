@@ -1,6 +1,15 @@
 from __future__ import annotations
 
-from tidemq.client.route_cache import RouteCache, publish_queues, subscribe_queues
+import pytest
+
+from tidemq.client.route_cache import (
+    DEFAULT_ROUTE_TTL_MS,
+    PublishInfos,
+    RouteCache,
+    publish_queues,
+    subscribe_queues,
+)
+from tidemq.errors import NoRouteError
 from tidemq.protocol.bodies import BrokerData, MessageQueue, QueueData, TopicRouteData
 
 
@@ -74,3 +83,35 @@ def test_cache_addresses_and_change_detection():
     assert cache.any_address("broker-a") == "10.0.0.2:10911"
     cache.forget("T")
     assert cache.get("T") is None
+
+
+def test_publish_infos_follow_the_route_object_and_the_default_ttl():
+    routes = RouteCache()
+    infos = PublishInfos(routes)
+    assert infos.known("T", 0.0) is None
+    default = route(QueueData("broker-a", 8, 8, 7))
+    via_default = infos.of_default("T", default, now_ms=0.0)
+    assert via_default.via_default
+    assert via_default.queues == tuple(mqs("broker-a", range(4)))  # at most 4 per broker
+    assert infos.known("T", DEFAULT_ROUTE_TTL_MS - 1) is via_default
+    assert infos.known("T", DEFAULT_ROUTE_TTL_MS) is None
+    first = route(QueueData("broker-a", 2, 2, 6))
+    routes.put("T", first, 0.0)
+    assert infos.known("T", 0.0) is None  # a route now: no longer the default's queues
+    info = infos.of_route("T", first)
+    assert info.queues == tuple(mqs("broker-a", range(2)))
+    assert infos.known("T", 0.0) is info
+    assert infos.of_route("T", first) is info
+    refreshed = route(QueueData("broker-a", 3, 3, 6))
+    routes.put("T", refreshed, 1.0)
+    assert infos.known("T", 1.0) is None
+    assert infos.of_route("T", refreshed).queues == tuple(mqs("broker-a", range(3)))
+
+
+def test_publish_infos_without_a_writable_queue_raise():
+    infos = PublishInfos(RouteCache())
+    read_only = route(QueueData("broker-a", 4, 4, 4))
+    with pytest.raises(NoRouteError):
+        infos.of_route("T", read_only)
+    with pytest.raises(NoRouteError):
+        infos.of_default("T", read_only, now_ms=0.0)

@@ -33,6 +33,8 @@ _SKIP_TABLE: Final[tuple[tuple[float, float], ...]] = (
 )
 # A failed send is charged as this latency (RocketMQ charges 30 s), so it lands in the top row.
 FAILURE_LATENCY_MS: Final = 30_000.0
+# Below the lowest threshold a broker is not skipped at all.
+_NO_SKIP_BELOW_MS: Final = _SKIP_TABLE[-1][0]
 
 
 def skip_duration_ms(latency_ms: float) -> float:
@@ -64,6 +66,13 @@ class FaultTracker:
         self._faults: dict[str, _Fault] = {}
 
     def record(self, broker_name: str, latency_ms: float, now_ms: float, *, failed: bool) -> None:
+        """Charge one send. A send faster than the lowest threshold clears the broker's record
+        (it would make the broker eligible from now on, which an absent record says too): the
+        common case then costs one dict check."""
+        if not failed and latency_ms < _NO_SKIP_BELOW_MS:
+            if self._faults:
+                self._faults.pop(broker_name, None)
+            return
         charged_ms = FAILURE_LATENCY_MS if failed else latency_ms
         self._faults[broker_name] = _Fault(charged_ms, now_ms + skip_duration_ms(charged_ms))
 
@@ -75,7 +84,7 @@ class FaultTracker:
         self._faults.pop(broker_name, None)
 
     def least_bad(self, now_ms: float) -> str | None:
-        """The skipped broker that becomes eligible first (None if nothing is recorded)."""
+        """The recorded broker that becomes eligible first (None if nothing is recorded)."""
         if not self._faults:
             return None
         return min(self._faults, key=lambda name: self._faults[name].eligible_at_ms)

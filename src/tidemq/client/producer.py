@@ -12,10 +12,23 @@ which a broker whose write permission was wiped for maintenance answers). Not re
 messages and the other codes; and a send to an explicit queue, selector or sharding key (moving
 it would break the order the caller asked for).
 
-Pipelining: `send` is a coroutine, so many sends are in flight at once by awaiting them together
-(`await asyncio.gather(*(p.send(m) for m in msgs))`) — they share one connection per broker and
-are paired by opaque. `send_nowait(msg)` starts one and returns its future, like RocketMQ's
-async send with a callback.
+Pipelining: `send_nowait(msg)` starts a send and returns an asyncio.Future of its SendResult, like
+RocketMQ's async send with a SendCallback (`future.add_done_callback(...)`), and `send` awaits the
+same. A window of sends in flight is kept without a coroutine per message:
+
+    in_flight: collections.deque[asyncio.Future[SendResult]] = collections.deque()
+    for message in messages:
+        if len(in_flight) >= 256:
+            await in_flight.popleft()  # the oldest; usually already done
+        in_flight.append(producer.send_nowait(message))
+    for future in in_flight:
+        await future
+
+Sends share one connection per broker and are paired by opaque. On the happy path (route cached,
+connection open, first attempt answered) a send is no task and no timer: the connection completes
+it from its read callback (client/sending.py). Anything else takes the coroutine path: the first
+route lookup or connect, a paused transport, and retries, which a failed first attempt hands to
+`_send_with_retries` with the attempt and the failed broker counted, so the rule is the same.
 
 Properties set on every message (remoting.md §6.3): UNIQ_KEY (client message id, kept if the
 caller already set one), WAIT=true, TAGS, KEYS (space-joined), DELAY (when delay_level > 0),
@@ -28,121 +41,46 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from tidemq.clock import Clock
 from tidemq.errors import (
     BrokerError,
     ClientClosedError,
     ClientError,
-    MessageTooLargeError,
-    NoRouteError,
     RequestTimeoutError,
-    error_for_code,
 )
 from tidemq.limits import MESSAGE_BODY_SIZE_MAX, SEND_TIMEOUT_MS_DEFAULT
 from tidemq.protocol import message as pm
-from tidemq.protocol.bodies import MessageQueue, TopicRouteData
+from tidemq.protocol.bodies import MessageQueue
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
     CheckTransactionStateRequestHeader,
-    SendMessageResponseHeader,
     send_fields_v2,
 )
 
 from .fault import FaultTracker, select_queue
 from .instance import ClientInstance
-from .message import Message, MessageExt, SendResult, SendStatus
-from .route_cache import DEFAULT_TOPIC_QUEUES_PER_BROKER, PublishInfo, publish_queues
+from .message import Message, MessageExt, SendResult
+from .route_cache import DEFAULT_TOPIC_QUEUES_PER_BROKER, PublishInfo, PublishInfos
+from .sending import (
+    COMPRESS_LEVEL_DEFAULT,
+    COMPRESS_OVER_BYTES_DEFAULT,
+    PreparedMessage,
+    QueueSelector,
+    SendTimeouts,
+    SendWaiter,
+    explicit_queue,
+    is_retriable,
+    prepare_batch,
+    prepare_message,
+    prepare_parts,
+    send_result,
+)
 
 logger = logging.getLogger(__name__)
-
-# As the Java/C++ clients' compressMsgBodyOverHowmuch and zlib level.
-COMPRESS_OVER_BYTES_DEFAULT: Final = 4 * 1024
-COMPRESS_LEVEL_DEFAULT: Final = 5
-# How long a topic unknown to the name server keeps using the TBW102 route before asking again.
-DEFAULT_ROUTE_TTL_MS: Final = 3_000
-
-_STATUS_BY_CODE: Final = {
-    ResponseCode.SUCCESS: SendStatus.SEND_OK,
-    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
-    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
-    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
-}
-# Retried in addition to the codes errors.py marks retriable (see the module docstring).
-_ALSO_RETRIED: Final = frozenset({ResponseCode.NO_PERMISSION})
-
-QueueSelector = Callable[[Sequence[MessageQueue], Message, Any], MessageQueue]
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedMessage:
-    """A message as it goes on the wire: final properties, body and sys flag."""
-
-    properties: dict[str, str]
-    body: bytes
-    sys_flag: int
-    flag: int = 0
-
-    @property
-    def uniq_key(self) -> str:
-        return self.properties.get(pm.UNIQ_KEY, "")
-
-
-def message_properties(message: Message, uniq_key: str) -> dict[str, str]:
-    """User properties plus the system ones the producer owns."""
-    properties = dict(message.properties)
-    properties.setdefault(pm.UNIQ_KEY, uniq_key)
-    properties[pm.WAIT] = "true"
-    if message.tags:
-        properties[pm.TAGS] = message.tags
-    if message.keys:
-        properties[pm.KEYS] = " ".join(message.keys)
-    if message.delay_level > 0:
-        properties[pm.DELAY] = str(message.delay_level)
-    if message.deliver_time_ms is not None:
-        properties[pm.TIMER_DELIVER_MS] = str(message.deliver_time_ms)
-    return properties
-
-
-def prepare_message(
-    message: Message,
-    uniq_key: str,
-    *,
-    compress_over_bytes: int = COMPRESS_OVER_BYTES_DEFAULT,
-    compress_level: int = COMPRESS_LEVEL_DEFAULT,
-    max_message_size: int = MESSAGE_BODY_SIZE_MAX,
-) -> PreparedMessage:
-    """Validate and encode one message (raises ValueError, ProtocolError, MessageTooLargeError)."""
-    validate_message(message, max_message_size)
-    body, sys_flag = message.body, 0
-    if len(body) >= compress_over_bytes:
-        body = pm.deflate(body, level=compress_level)
-        sys_flag |= pm.SysFlag.COMPRESSED
-    return PreparedMessage(message_properties(message, uniq_key), body, int(sys_flag), message.flag)
-
-
-def validate_message(message: Message, max_message_size: int) -> None:
-    pm.validate_topic(message.topic)
-    if pm.is_system_topic(message.topic):
-        raise ValueError(f"topic {message.topic!r} is a system topic; clients may not send to it")
-    if not message.body:
-        raise ValueError("message body is empty")
-    if len(message.body) > max_message_size:
-        raise MessageTooLargeError(
-            f"message body of {len(message.body)} bytes exceeds max_message_size {max_message_size}"
-        )
-
-
-def _is_retriable(exc: Exception) -> bool:
-    if isinstance(exc, ClientClosedError):
-        return False
-    if isinstance(exc, BrokerError):
-        return exc.retriable or exc.response_code in _ALSO_RETRIED
-    return isinstance(exc, ClientError) and exc.retriable
 
 
 class Producer:
@@ -178,9 +116,15 @@ class Producer:
         self.faults = FaultTracker()
         self._keys = pm.UniqueKeyGenerator(self._instance.client_ip, self._instance.pid)
         self._counters: dict[str, int] = {}
-        self._default_routes: dict[str, tuple[PublishInfo, float]] = {}
-        self._publish_infos: dict[str, tuple[TopicRouteData, PublishInfo]] = {}
-        self._pending: set[asyncio.Future[SendResult]] = set()
+        self._publish_infos = PublishInfos(self._instance.routes)
+        self._checked_topics: set[str] = set()
+        # Sends in flight: fast-path attempts (with their one expiry timer) and coroutine-path
+        # tasks; shutdown waits for both, woken through `_idle`.
+        self._timeouts = SendTimeouts(self._on_send_expired)
+        self._on_response = self._on_send_response  # bound once, not per send
+        self._on_failure = self._on_send_failure
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle: asyncio.Future[None] | None = None
         self._started = False
         self._closed = False
 
@@ -204,8 +148,10 @@ class Producer:
         if self._closed:
             return
         self._closed = True
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+        while self._timeouts or self._tasks:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+        self._timeouts.cancel()
         if self._started:
             await self._instance.unregister_producer(self._group)
             await self._instance.shutdown()
@@ -231,12 +177,12 @@ class Producer:
         Raises:
             NoRouteError: neither the topic nor TBW102 has a writable queue.
         """
+        now = self._clock.monotonic_ms()
+        known = self._publish_infos.known(topic, now)
+        if known is not None:
+            return known
         route = self._instance.routes.get(topic)
         if route is None:
-            now = self._clock.monotonic_ms()
-            cached = self._default_routes.get(topic)
-            if cached is not None and now - cached[1] < DEFAULT_ROUTE_TTL_MS:
-                return cached[0]
             self._instance.watch_topic(topic)
             try:
                 route = await self._instance.fetch_route(topic)
@@ -244,32 +190,8 @@ class Producer:
                 if exc.response_code != ResponseCode.TOPIC_NOT_EXIST:
                     raise
                 default = await self._instance.route(pm.TBW102)
-                info = PublishInfo(
-                    topic,
-                    tuple(
-                        publish_queues(
-                            topic, default, queues_per_broker_max=DEFAULT_TOPIC_QUEUES_PER_BROKER
-                        )
-                    ),
-                    via_default=True,
-                )
-                if not info.queues:
-                    raise NoRouteError(f"topic {topic!r} has no route and TBW102 no queue") from exc
-                self._default_routes[topic] = (info, now)
-                return info
-        if self._default_routes:
-            self._default_routes.pop(topic, None)
-        # The queues are derived from the route object alone, so they are kept until the route
-        # cache holds another object for the topic (every send asks; a refresh replaces it).
-        cached_info = self._publish_infos.get(topic)
-        if cached_info is not None and cached_info[0] is route:
-            return cached_info[1]
-        queues = tuple(publish_queues(topic, route))
-        if not queues:
-            raise NoRouteError(f"topic {topic!r} has no writable queue")
-        info = PublishInfo(topic, queues)
-        self._publish_infos[topic] = (route, info)
-        return info
+                return self._publish_infos.of_default(topic, default, now)
+        return self._publish_infos.of_route(topic, route)
 
     def _next_index(self, topic: str) -> int:
         # Start each topic at a random queue so many producers do not all begin on queue 0.
@@ -288,6 +210,7 @@ class Producer:
             compress_over_bytes=self.compress_over_bytes,
             compress_level=self.compress_level,
             max_message_size=self.max_message_size,
+            checked_topics=self._checked_topics,
         )
 
     async def send(
@@ -301,37 +224,235 @@ class Producer:
     ) -> SendResult:
         """Send and await the broker's answer.
 
+        A send to an explicit `queue`, a queue chosen by `selector(queues, message, arg)` or by
+        `sharding_key` (hash modulo the queue count, so one key always lands on one queue) is
+        made once, never moved to another queue.
+
         Raises:
             ValueError, ProtocolError, MessageTooLargeError: the message is invalid.
             BrokerError: a non-retriable broker answer, or the last retriable one.
             RequestTimeoutError, ConnectionClosedError: the last attempt's transport failure.
             NoRouteError: the topic has no writable queue.
         """
-        self._check_open()
-        prepared = self._prepare(message)
-        explicit = queue is not None or selector is not None or sharding_key is not None
-        if not explicit:
-            return await self._send_with_retries(message.topic, prepared)
-        info = await self.publish_info(message.topic)  # also learns the brokers' addresses
-        if queue is None:
-            if selector is not None:
-                queue = selector(info.queues, message, arg)
-            else:
-                assert sharding_key is not None
-                index = pm.java_string_hash(sharding_key) % len(info.queues)
-                queue = info.queues[index]
-        deadline = self._clock.monotonic_ms() + self.send_timeout_ms
-        return await self._send_once(
-            message.topic, queue, prepared, deadline, code=RequestCode.SEND_MESSAGE_V2
+        return await self.send_nowait(
+            message, queue=queue, selector=selector, arg=arg, sharding_key=sharding_key
         )
 
-    def send_nowait(self, message: Message, **kwargs: Any) -> asyncio.Future[SendResult]:
-        """Start a send and return its future (the result or the exception of `send`)."""
-        self._check_open()
-        future: asyncio.Future[SendResult] = asyncio.ensure_future(self.send(message, **kwargs))
-        self._pending.add(future)
-        future.add_done_callback(self._pending.discard)
+    def send_nowait(
+        self,
+        message: Message,
+        *,
+        queue: MessageQueue | None = None,
+        selector: QueueSelector | None = None,
+        arg: Any = None,
+        sharding_key: str | None = None,
+    ) -> asyncio.Future[SendResult]:
+        """Start a send; its future gets the SendResult or the exception `send` would raise
+        (an invalid message included). Cancelling the future does not recall the message.
+
+        Raises:
+            ClientClosedError, ClientError: the producer is shut down or not started.
+        """
+        if self._closed or not self._started:
+            self._check_open()
+        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        topic = message.topic
+        now_ms = self._clock.now_ms()
+        try:
+            parts = prepare_parts(
+                message,
+                self._keys.next(now_ms),
+                self.compress_over_bytes,
+                self.compress_level,
+                self.max_message_size,
+                self._checked_topics,
+            )
+        except Exception as exc:
+            future.set_exception(exc)
+            return future
+        explicit = queue is not None or selector is not None or sharding_key is not None
+        started = self._clock.monotonic_ms()
+        info = self._publish_infos.known(topic, started)
+        if info is not None:
+            if not explicit:
+                chosen = select_queue(info.queues, self._next_index(topic), self.faults, started)
+            else:
+                try:
+                    chosen = queue or explicit_queue(
+                        info.queues, message, selector, arg, sharding_key
+                    )
+                except Exception as exc:  # the caller's selector
+                    future.set_exception(exc)
+                    return future
+            waiter = SendWaiter(
+                topic,
+                chosen,
+                parts,
+                message.flag,
+                future,
+                started,
+                started + self.send_timeout_ms,
+                not explicit,
+                self._on_response,
+                self._on_failure,
+            )
+            if self._launch(waiter, now_ms):
+                return future
+            if explicit:
+                queue = chosen  # chosen once: a selector is not asked twice
+        prepared = PreparedMessage(parts[0], parts[1], parts[2], message.flag, parts[3])
+        self._spawn(
+            self._send_slowly(future, message, prepared, queue, selector, arg, sharding_key),
+            future,
+        )
         return future
+
+    async def _send_slowly(
+        self,
+        future: asyncio.Future[SendResult],
+        message: Message,
+        prepared: PreparedMessage,
+        queue: MessageQueue | None,
+        selector: QueueSelector | None,
+        arg: Any,
+        sharding_key: str | None,
+    ) -> None:
+        """The coroutine path of send_nowait: route lookup or connect first (see the docstring)."""
+        topic = message.topic
+        try:
+            if queue is None and selector is None and sharding_key is None:
+                result = await self._send_with_retries(topic, prepared)
+            else:
+                info = await self.publish_info(topic)  # also learns the brokers' addresses
+                if queue is None:
+                    queue = explicit_queue(info.queues, message, selector, arg, sharding_key)
+                deadline = self._clock.monotonic_ms() + self.send_timeout_ms
+                result = await self._send_once(
+                    topic, queue, prepared, deadline, code=RequestCode.SEND_MESSAGE_V2
+                )
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(exc)
+        else:
+            if not future.done():
+                future.set_result(result)
+
+    def _spawn(
+        self, coroutine: Coroutine[Any, Any, None], future: asyncio.Future[SendResult]
+    ) -> None:
+        """Run the coroutine path of a send as a task; cancelling `future` (a cancelled `send`)
+        cancels it, as it would have cancelled the send's own coroutine."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        future.add_done_callback(lambda done: task.cancel() if done.cancelled() else None)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._wake_shutdown()
+
+    def _wake_shutdown(self) -> None:
+        idle = self._idle
+        if idle is not None and not self._timeouts and not self._tasks and not idle.done():
+            idle.set_result(None)
+
+    # -- the fast path: one attempt completed from the connection's read callback ------------
+
+    def _launch(self, waiter: SendWaiter, born_ms: int) -> bool:
+        """Write the attempt if the broker's connection is open and takes writes (else False:
+        the caller takes the coroutine path, which connects or waits for the transport)."""
+        queue = waiter.queue
+        addr = self._instance.routes.master_address(queue.broker_name)
+        connection = None if addr is None else self._instance.remoting.ready_connection(addr)
+        if connection is None:
+            return False
+        fields = send_fields_v2(
+            self._group,
+            waiter.topic,
+            pm.TBW102,
+            DEFAULT_TOPIC_QUEUES_PER_BROKER,
+            queue.queue_id,
+            waiter.sys_flag,
+            born_ms,
+            waiter.flag,
+            waiter.properties,
+            False,
+            queue.broker_name,
+        )
+        cmd = RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, 0, fields, waiter.body)
+        try:
+            waiter.opaque = connection.start_request(cmd, waiter)
+        except Exception as exc:  # as the coroutine path's request() would have raised it
+            self._on_send_failure(waiter, exc)
+            return True
+        waiter.connection = connection
+        self._timeouts.add(waiter, waiter.deadline_ms - waiter.started_ms)
+        return True
+
+    def _on_send_response(self, waiter: SendWaiter, response: RemotingCommand) -> None:
+        queue = waiter.queue
+        try:
+            result = send_result(waiter.topic, queue, waiter.uniq_key, response)
+        except Exception as exc:  # a failure code (BrokerError) or a malformed header
+            self._on_send_failure(waiter, exc)
+            return
+        waiter.settled = True
+        self._timeouts.discard(waiter)
+        finished = self._clock.monotonic_ms()
+        self.faults.record(queue.broker_name, finished - waiter.started_ms, finished, failed=False)
+        future = waiter.future
+        if not future.done():
+            future.set_result(result)
+        if self._idle is not None:
+            self._wake_shutdown()
+
+    def _on_send_expired(self, waiter: SendWaiter) -> None:
+        if waiter.connection is not None:
+            waiter.connection.abandon(waiter.opaque)
+        self._on_send_failure(
+            waiter,
+            RequestTimeoutError(
+                f"send to {waiter.queue} timed out after {self.send_timeout_ms} ms"
+            ),
+        )
+
+    def _on_send_failure(self, waiter: SendWaiter, exc: Exception) -> None:
+        """A failed first attempt: recorded against its broker, then retried on the coroutine
+        path as `_send_with_retries` would have (same attempts, same budget), or reported."""
+        waiter.settled = True
+        self._timeouts.discard(waiter)
+        queue, future = waiter.queue, waiter.future
+        now = self._clock.monotonic_ms()
+        self.faults.record(queue.broker_name, 0.0, now, failed=True)
+        retry = waiter.retry and is_retriable(exc)
+        if retry:
+            logger.info("send to %s failed (attempt 1 of %d): %s", queue, 1 + self.retry_times, exc)
+        if future.done():
+            pass
+        elif retry and self.retry_times > 0 and now < waiter.deadline_ms:
+            self._spawn(self._retry(waiter, exc), future)
+        else:
+            future.set_exception(exc)
+        if self._idle is not None:
+            self._wake_shutdown()
+
+    async def _retry(self, waiter: SendWaiter, first_error: Exception) -> None:
+        future = waiter.future
+        try:
+            result = await self._send_with_retries(
+                waiter.topic,
+                waiter.prepared(),
+                deadline_ms=waiter.deadline_ms,
+                attempts_made=1,
+                last_failed=waiter.queue.broker_name,
+                last_error=first_error,
+            )
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(exc)
+        else:
+            if not future.done():
+                future.set_result(result)
 
     async def send_oneway(self, message: Message) -> None:
         """Fire and forget: one attempt, no answer awaited (the write is)."""
@@ -352,43 +473,34 @@ class Producer:
         `queue_offset` is the first message's.
         """
         self._check_open()
-        if not messages:
-            raise ValueError("send_batch needs at least one message")
+        prepared = prepare_batch(
+            messages,
+            lambda: self._keys.next(self._clock.now_ms()),
+            self.max_message_size,
+            self._checked_topics,
+        )
         topic = messages[0].topic
-        items: list[pm.BatchItem] = []
-        keys: list[str] = []
-        for message in messages:
-            if message.topic != topic:
-                raise ValueError("all messages of a batch must have the same topic")
-            if message.delay_level > 0 or message.deliver_time_ms is not None:
-                raise ValueError("delayed messages cannot be sent in a batch")
-            validate_message(message, self.max_message_size)
-            properties = message_properties(message, self._keys.next(self._clock.now_ms()))
-            keys.append(properties[pm.UNIQ_KEY])
-            items.append(
-                pm.BatchItem(
-                    flag=message.flag,
-                    body=message.body,
-                    properties=pm.encode_properties(properties),
-                )
-            )
-        body = pm.encode_batch(items)
-        if len(body) > self.max_message_size:
-            raise MessageTooLargeError(
-                f"batch of {len(body)} bytes exceeds max_message_size {self.max_message_size}"
-            )
-        prepared = PreparedMessage({pm.UNIQ_KEY: ",".join(keys)}, body, 0)
         return await self._send_with_retries(topic, prepared, batch=True)
 
     async def _send_with_retries(
-        self, topic: str, prepared: PreparedMessage, *, batch: bool = False
+        self,
+        topic: str,
+        prepared: PreparedMessage,
+        *,
+        batch: bool = False,
+        deadline_ms: float | None = None,
+        attempts_made: int = 0,
+        last_failed: str | None = None,
+        last_error: Exception | None = None,
     ) -> SendResult:
-        deadline = self._clock.monotonic_ms() + self.send_timeout_ms
+        """Up to 1 + retry_times attempts within one send timeout; a caller that made the first
+        attempts itself passes its deadline, their count and the last failure."""
+        if deadline_ms is None:
+            deadline_ms = self._clock.monotonic_ms() + self.send_timeout_ms
+        deadline = deadline_ms
         info = await self.publish_info(topic)
-        last_failed: str | None = None
-        last_error: Exception | None = None
         code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
-        for attempt in range(1 + self.retry_times):
+        for attempt in range(attempts_made, 1 + self.retry_times):
             now = self._clock.monotonic_ms()
             if now >= deadline:
                 break
@@ -402,7 +514,7 @@ class Producer:
             try:
                 return await self._send_once(topic, queue, prepared, deadline, code=code)
             except Exception as exc:
-                if not _is_retriable(exc):
+                if not is_retriable(exc):
                     raise
                 logger.info(
                     "send to %s failed (attempt %d of %d): %s",
@@ -433,7 +545,7 @@ class Producer:
             prepared.sys_flag,
             self._clock.now_ms(),
             0 if batch else prepared.flag,
-            None if batch else pm.encode_properties(prepared.properties),
+            prepared.properties,
             batch,
             queue.broker_name,
         )
@@ -454,24 +566,13 @@ class Producer:
         started = self._clock.monotonic_ms()
         try:
             response = await self._instance.remoting.invoke(addr, cmd, deadline_ms - started)
-            if response.code not in _STATUS_BY_CODE:
-                raise error_for_code(response.code, response.remark)
-            header = SendMessageResponseHeader.from_fields(response.ext_fields)
+            result = send_result(topic, queue, prepared.uniq_key, response)
         except Exception:
             self.faults.record(queue.broker_name, 0.0, self._clock.monotonic_ms(), failed=True)
             raise
         finished = self._clock.monotonic_ms()
         self.faults.record(queue.broker_name, finished - started, finished, failed=False)
-        return SendResult(
-            status=_STATUS_BY_CODE[ResponseCode(response.code)],
-            msg_id=prepared.uniq_key,
-            offset_msg_id=header.msg_id,
-            message_queue=MessageQueue(
-                topic=topic, broker_name=queue.broker_name, queue_id=header.queue_id
-            ),
-            queue_offset=header.queue_offset,
-            transaction_id=header.transaction_id,
-        )
+        return result
 
     async def on_check_transaction_state(
         self, broker_addr: str, header: CheckTransactionStateRequestHeader, message: MessageExt

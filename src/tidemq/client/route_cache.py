@@ -13,7 +13,9 @@ auto-creates it. Then at most `DEFAULT_TOPIC_QUEUES_PER_BROKER` queues per broke
 because that is what the producer asks the broker to create (`defaultTopicQueueNums`).
 
 `RouteCache` is plain data: the client instance fills it (every 30 s and on demand) and reads
-broker addresses from it. No I/O here, so everything is unit-tested.
+broker addresses from it. `PublishInfos` is a producer's publish queues per topic, derived from it
+once per route object (every send asks, so they are not rebuilt per send). No I/O here, so
+everything is unit-tested.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from tidemq.errors import NoRouteError
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue, TopicRouteData
 
@@ -30,6 +33,8 @@ MASTER_ID: Final = 0
 DEFAULT_TOPIC_QUEUES_PER_BROKER: Final = 4
 # Routes older than this are refreshed by the instance's timer (RocketMQ: 30 s).
 ROUTE_REFRESH_INTERVAL_MS: Final = 30_000
+# How long a topic unknown to the name server keeps using the TBW102 route before asking again.
+DEFAULT_ROUTE_TTL_MS: Final = 3_000
 
 
 def _parse_order_conf(conf: str) -> list[tuple[str, int]]:
@@ -162,3 +167,53 @@ class RouteCache:
             if route is not None:
                 names.update(b.broker_name for b in route.broker_datas)
         return sorted(names)
+
+
+class PublishInfos:
+    """A producer's PublishInfo per topic: from the topic's route in `routes`, kept while the
+    cache holds that same route object (a refresh replaces it), or, for a topic the name server
+    does not know, from TBW102's route for DEFAULT_ROUTE_TTL_MS."""
+
+    def __init__(self, routes: RouteCache) -> None:
+        self._routes = routes
+        self._from_route: dict[str, tuple[TopicRouteData, PublishInfo]] = {}
+        self._from_default: dict[str, tuple[PublishInfo, float]] = {}
+
+    def known(self, topic: str, now_ms: float) -> PublishInfo | None:
+        """The topic's PublishInfo if it needs neither a route lookup nor a new queue list."""
+        route = self._routes.get(topic)
+        if route is None:
+            default = self._from_default.get(topic)
+            if default is not None and now_ms - default[1] < DEFAULT_ROUTE_TTL_MS:
+                return default[0]
+            return None
+        cached = self._from_route.get(topic)
+        if cached is not None and cached[0] is route:
+            return cached[1]
+        return None
+
+    def of_route(self, topic: str, route: TopicRouteData) -> PublishInfo:
+        """The PublishInfo of `route` (the topic's, now in the cache); NoRouteError if no queue."""
+        if self._from_default:
+            self._from_default.pop(topic, None)
+        cached = self._from_route.get(topic)
+        if cached is not None and cached[0] is route:
+            return cached[1]
+        queues = tuple(publish_queues(topic, route))
+        if not queues:
+            raise NoRouteError(f"topic {topic!r} has no writable queue")
+        info = PublishInfo(topic, queues)
+        self._from_route[topic] = (route, info)
+        return info
+
+    def of_default(self, topic: str, default: TopicRouteData, now_ms: float) -> PublishInfo:
+        """The PublishInfo of a topic the name server does not know, via TBW102's route `default`
+        (at most DEFAULT_TOPIC_QUEUES_PER_BROKER queues per broker); NoRouteError if none."""
+        queues = publish_queues(
+            topic, default, queues_per_broker_max=DEFAULT_TOPIC_QUEUES_PER_BROKER
+        )
+        if not queues:
+            raise NoRouteError(f"topic {topic!r} has no route and TBW102 no queue")
+        info = PublishInfo(topic, tuple(queues), via_default=True)
+        self._from_default[topic] = (info, now_ms)
+        return info

@@ -142,6 +142,22 @@ def send_fields_v2(
 ) -> dict[str, str]:
     """`SendMessageRequestHeader(...).to_fields(v2=True)` of a producer's send (reconsumeTimes
     0, unitMode false, no maxReconsumeTimes), built without the header object: one per send."""
+    if properties is not None and broker_name is not None:  # a single send: one dict display
+        return {
+            "a": producer_group,
+            "b": topic,
+            "c": default_topic,
+            "d": str(default_topic_queue_nums),
+            "e": str(queue_id),
+            "f": str(sys_flag),
+            "g": str(born_timestamp),
+            "h": str(flag),
+            "i": properties,
+            "j": "0",
+            "k": "false",
+            "m": "true" if batch else "false",
+            "n": broker_name,
+        }
     fields = {
         "a": producer_group,
         "b": topic,
