@@ -27,7 +27,11 @@ from tidemq.protocol.frame import (
     SerializeType,
     encode,
 )
-from tidemq.protocol.headers import SendMessageRequestHeader, SendMessageResponseHeader
+from tidemq.protocol.headers import (
+    EndTransactionRequestHeader,
+    SendMessageRequestHeader,
+    SendMessageResponseHeader,
+)
 from tidemq.protocol.message import (
     BatchItem,
     decode_offset_msg_id,
@@ -35,6 +39,7 @@ from tidemq.protocol.message import (
     encode_properties,
     offset_msg_id,
 )
+from tidemq.protocol.record import StoredMessage, decode_records
 from tidemq.store.types import MessageToStore, PutResult
 
 TOPIC = "TopicCoalesce"
@@ -45,6 +50,7 @@ def _frame(
     body: bytes,
     *,
     topic: str = TOPIC,
+    queue_id: int = 0,
     properties: dict[str, str] | None = None,
     batch: bool = False,
     oneway: bool = False,
@@ -53,7 +59,7 @@ def _frame(
     header = SendMessageRequestHeader(
         producer_group="PG",
         topic=topic,
-        queue_id=0,
+        queue_id=queue_id,
         born_timestamp=1,
         properties=encode_properties(properties or {"UNIQ_KEY": f"U{opaque}"}),
         batch=batch,
@@ -312,3 +318,121 @@ def test_success_frame_is_what_the_encoder_makes(
     fields = send_response_fields(msg_id, queue_id, queue_offset)
     careful = encode(request.response(ResponseCode.SUCCESS, fields))
     assert success_frame(opaque, msg_id, queue_id, queue_offset) == careful
+
+
+# -- transactional sends join the group as their half messages ----------------------------------
+
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+
+
+def _halves(broker: Harness) -> list[StoredMessage]:
+    """The half queue's records, read from the store (a consumer cannot pull a system topic)."""
+    return decode_records(b"".join(broker.app.store.get_messages(HALF_TOPIC, 0, 0, 32).records))
+
+
+def _half(opaque: int, body: bytes, **extra: str) -> bytes:
+    properties = {"UNIQ_KEY": f"TX{opaque}", "TRAN_MSG": "true", **extra}
+    return _frame(opaque, body, queue_id=2, properties=properties)
+
+
+async def _commit(broker: Harness, answer: RemotingCommand, uniq_key: str) -> None:
+    header = EndTransactionRequestHeader(
+        producer_group="PG",
+        tran_state_table_offset=int(answer.ext_fields["queueOffset"]),
+        commit_log_offset=decode_offset_msg_id(answer.ext_fields["msgId"])[2],
+        commit_or_rollback=8,
+        msg_id=uniq_key,
+    )
+    end = RemotingCommand(code=RequestCode.END_TRANSACTION, ext_fields=header.to_fields())
+    assert (await broker.call(end)).code == ResponseCode.SUCCESS
+
+
+@pytest.mark.parametrize("flush", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+async def test_half_sends_share_the_put_and_are_answered_with_the_real_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flush: str
+) -> None:
+    async with running_broker(tmp_path / "store", flushDiskType=flush) as broker:
+        await _create_topic(broker)
+        calls = _count_puts(broker, monkeypatch)
+        host, port = broker.addr.split(":")
+        peer = _Peer(*await asyncio.open_connection(host, int(port)))
+        peer.writer.write(
+            _frame(0, b"plain0") + _half(1, b"half1") + _half(2, b"half2") + _frame(3, b"plain3")
+        )
+        got = await peer.responses(4)
+        peer.writer.close()
+        assert calls == [4]
+        assert {r.code for r in got.values()} == {ResponseCode.SUCCESS}
+        assert [got[n].ext_fields["queueId"] for n in range(4)] == ["0", "2", "2", "0"]
+        # Plain sends count in their queue, halves in the half queue.
+        assert [got[n].ext_fields["queueOffset"] for n in range(4)] == ["1", "0", "1", "2"]
+        halves = _halves(broker)
+        assert [m.body for m in halves] == [b"half1", b"half2"]
+        assert [decode_offset_msg_id(got[n].ext_fields["msgId"])[2] for n in (1, 2)] == [
+            m.physical_offset for m in halves
+        ]
+        for half in halves:
+            props = half.property_map()
+            assert (props["REAL_TOPIC"], props["REAL_QID"], props["PGROUP"]) == (TOPIC, "2", "PG")
+        stored = messages(await broker.pull(TOPIC))
+        assert [m.body for m in stored] == [b"first", b"plain0", b"plain3"]
+        transactions = broker.app.transactions
+        assert transactions.ledger.in_flight == 2
+        assert transactions.stats.prepared == 2
+        # Tracked before it was answered: its END finds it (from memory, as put).
+        await _commit(broker, got[2], "TX2")
+        committed = messages(await broker.pull(TOPIC, queue_id=2))
+        assert [m.body for m in committed] == [b"half2"]
+        assert committed[0].property_map()["UNIQ_KEY"] == "TX2"
+        assert transactions.ledger.in_flight == 1
+
+
+async def test_a_half_refused_by_the_store_names_its_real_topic(
+    broker: Harness, peers: Any
+) -> None:
+    await _create_topic(broker)
+    (peer,) = await peers(1)
+    peer.writer.write(_half(0, b"big", p="v" * 40_000) + _half(1, b"fine"))
+    got = await peer.responses(2)
+    assert got[0].code == ResponseCode.MESSAGE_ILLEGAL
+    remark = got[0].remark or ""
+    assert f"store refused the message to {TOPIC}:" in remark
+    assert "PROPERTIES_SIZE_EXCEEDED" in remark
+    assert got[1].code == ResponseCode.SUCCESS
+    assert got[1].ext_fields["queueOffset"] == "0"
+    assert broker.app.transactions.ledger.in_flight == 1
+
+
+async def test_halves_beyond_the_in_flight_limit_are_busy(broker: Harness, peers: Any) -> None:
+    await _create_topic(broker)
+    broker.app.transactions.ledger.in_flight_max = 1
+    (peer,) = await peers(1)
+    peer.writer.write(_half(0, b"one"))
+    assert (await peer.responses(1))[0].code == ResponseCode.SUCCESS
+    peer.writer.write(_half(1, b"two") + _frame(2, b"plain"))
+    got = await peer.responses(2)
+    assert got[1].code == ResponseCode.SYSTEM_BUSY
+    assert "[TRANSACTIONS_BUSY]" in (got[1].remark or "")
+    assert got[2].code == ResponseCode.SUCCESS
+    assert [m.body for m in _halves(broker)] == [b"one"]
+
+
+async def test_a_failure_after_storing_a_half_answers_only_that_send(
+    broker: Harness, peers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _create_topic(broker)
+
+    def broken(half: MessageToStore, result: PutResult) -> None:
+        raise RuntimeError("ledger broke")
+
+    monkeypatch.setattr(broker.app.transactions, "half_stored", broken)
+    (peer,) = await peers(1)
+    peer.writer.write(_frame(0, b"p0") + _half(1, b"h1") + _frame(2, b"p2"))
+    got = await peer.responses(3)
+    assert [got[n].code for n in range(3)] == [
+        ResponseCode.SUCCESS,
+        ResponseCode.SYSTEM_ERROR,
+        ResponseCode.SUCCESS,
+    ]
+    assert got[1].remark == "ledger broke"
+    assert [got[n].ext_fields["queueOffset"] for n in (0, 2)] == ["1", "2"]

@@ -22,7 +22,7 @@ from tidemq.cli.main import main as cli_main
 from tidemq.client.blocking import BlockingTransactionProducer
 from tidemq.client.message import Message, MessageExt, SendStatus
 from tidemq.client.transaction import LocalTransactionState, TransactionProducer
-from tidemq.errors import BrokerError, error_for_code
+from tidemq.errors import BrokerError
 from tidemq.protocol import message as pm
 from tidemq.protocol import record as rec
 from tidemq.protocol.bodies_client import HeartbeatData, ProducerData
@@ -302,19 +302,17 @@ async def test_flush_timeout_status_means_rollback_without_the_listener(cluster:
 
 
 async def test_failed_half_send_is_rollback_without_the_listener(cluster: Any) -> None:
+    # A real refusal: the broker is configured to reject transactional messages.
+    broker = await cluster.restart_broker(0, **SETTINGS, rejectTransactionMessage="true")
     listener = Listener(COMMIT)
     async with producer(cluster, listener) as p:
-
-        async def refused(topic: str, prepared: Any, **kw: Any) -> Any:
-            raise error_for_code(ResponseCode.NO_PERMISSION, "transactions rejected")
-
-        p._send_with_retries = refused  # type: ignore[method-assign]
         result = await p.send_message_in_transaction(Message(TOPIC, b"x"))
     assert result.local_transaction_state is ROLLBACK
     assert result.send_result is None
     assert isinstance(result.error, BrokerError)
+    assert result.error.response_code == ResponseCode.NO_PERMISSION
     assert listener.executed == []
-    assert stats(cluster.brokers[0])["prepared"] == 0
+    assert stats(broker)["prepared"] == 0
 
 
 async def test_blocking_producer_runs_the_listener_in_the_calling_thread(cluster: Any) -> None:

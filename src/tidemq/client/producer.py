@@ -256,7 +256,6 @@ class Producer:
         if self._closed or not self._started:
             self._check_open()
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-        topic = message.topic
         now_ms = self._clock.now_ms()
         try:
             parts = prepare_parts(
@@ -270,6 +269,21 @@ class Producer:
         except Exception as exc:
             future.set_exception(exc)
             return future
+        return self._start_send(future, message, parts, now_ms, queue, selector, arg, sharding_key)
+
+    def _start_send(
+        self,
+        future: asyncio.Future[SendResult],
+        message: Message,
+        parts: tuple[str, bytes, int, str],
+        now_ms: int,
+        queue: MessageQueue | None,
+        selector: QueueSelector | None,
+        arg: Any,
+        sharding_key: str | None,
+    ) -> asyncio.Future[SendResult]:
+        """send_nowait of `parts` (prepare_parts of `message` at `now_ms`); `future` gets it."""
+        topic = message.topic
         explicit = queue is not None or selector is not None or sharding_key is not None
         started = self._clock.monotonic_ms()
         info = self._publish_infos.known(topic, started)

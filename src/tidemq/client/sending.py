@@ -1,7 +1,8 @@
 """What one send is made of, apart from the Producer's routing and retries: the message as it goes
 on the wire, and the bookkeeping of sends in flight on the producer's fast path.
 
-Preparing (`prepare_message`): validate, compress a large body, make the properties text. A plain
+Preparing (`prepare_message`): validate, compress a large body, make the properties text, set
+sysFlag PREPARED on a half message (TRAN_MSG true, as the Java producer sets it). A plain
 message (no user properties, keys, delay or deliver time; tags allowed) gets its properties text
 from one format string; any other goes through the property map and `encode_properties`, and both
 give the same text (tests/client compare them).
@@ -149,6 +150,9 @@ def prepare_parts(
         body = pm.deflate(body, level=compress_level)
         sys_flag = int(pm.SysFlag.COMPRESSED)
     properties, key = send_properties(message, uniq_key)
+    if message.properties and pm.is_true_text(message.properties.get(pm.TRAN_MSG)):
+        # A half message, flagged as the Java producer flags it (the broker reads the property).
+        sys_flag |= pm.SysFlag.PREPARED
     return properties, body, sys_flag, key
 
 

@@ -2,7 +2,8 @@
 
     send_message_in_transaction(message, arg)
       1. half send: the message with TRAN_MSG=true, PGROUP=<group> and sysFlag PREPARED, as an
-         ordinary send (route, retries); the broker parks it in RMQ_SYS_TRANS_HALF_TOPIC
+         ordinary send (the producer's fast path, route, retries); the broker parks it in
+         RMQ_SYS_TRANS_HALF_TOPIC
          ├─ the send raised ─▶ listener not called, state ROLLBACK_MESSAGE, nothing to end
          ├─ FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE
          │                    ─▶ listener not called, state ROLLBACK_MESSAGE
@@ -49,6 +50,7 @@ from tidemq.protocol.headers import (
 
 from .message import Message, MessageExt, SendResult, SendStatus
 from .producer import Producer
+from .sending import prepare_parts
 
 logger = logging.getLogger(__name__)
 
@@ -262,10 +264,23 @@ class TransactionProducer(Producer):
         properties[pm.TRAN_MSG] = "true"
         properties[pm.PGROUP] = self.group
         half_message = dataclasses.replace(message, properties=properties)
-        prepared = self._prepare(half_message)
-        prepared = dataclasses.replace(prepared, sys_flag=prepared.sys_flag | pm.SysFlag.PREPARED)
+        # Checked and encoded before the try: an invalid message raises (nothing was sent)
+        # rather than being reported as a failed half send. TRAN_MSG makes prepare_parts flag it
+        # PREPARED; the send itself is the producer's (its fast path, its retries).
+        now_ms = self._clock.now_ms()
+        parts = prepare_parts(
+            half_message,
+            msg_id,
+            self.compress_over_bytes,
+            self.compress_level,
+            self.max_message_size,
+            self._checked_topics,
+        )
+        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         try:
-            send_result = await self._send_with_retries(message.topic, prepared)
+            send_result = await self._start_send(
+                future, half_message, parts, now_ms, None, None, None, None
+            )
         except QueueError as exc:
             logger.warning("half message of %s not stored: %s", msg_id, exc)
             return HalfSend(half_message, msg_id, None, exc)

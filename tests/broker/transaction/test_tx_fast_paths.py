@@ -215,6 +215,37 @@ def test_end_many_reports_a_store_refusal_per_answer(world: World) -> None:
     assert world.real_messages() == []
 
 
+def test_end_many_stores_a_run_across_queues_with_one_put_and_refuses_per_message(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real messages of a run (any queues, arrival order) are one put_each; a message the
+    store refuses leaves only its transaction pending, and the op lists the others."""
+    halves = [
+        world.half_at(world.prepare(bytes([n]), queue_id=n % 3).physical_offset) for n in range(4)
+    ]
+    put_each = world.store.put_each
+    calls: list[list[bytes]] = []
+
+    def refuse_second(msgs: list[MessageToStore]) -> list[PutResult]:
+        calls.append([m.body for m in msgs])
+        results = put_each([m for m in msgs if m.body != bytes([1])])
+        refused = PutResult(PutStatus.MESSAGE_ILLEGAL, error="refused")
+        return [*results[:1], refused, *results[1:]] if len(msgs) == 4 else results
+
+    monkeypatch.setattr(world.store, "put_each", refuse_second)
+    results = world.resolver.end_many([Answer.of(h, C) for h in halves])
+    assert calls == [[bytes([n]) for n in range(4)]]
+    states = [r.state for r in results if isinstance(r, EndResult)]
+    assert states == [TxState.COMMITTED, TxState.PREPARED, TxState.COMMITTED, TxState.COMMITTED]
+    failure = results[1].failure if isinstance(results[1], EndResult) else None
+    assert failure is not None
+    assert failure.status is PutStatus.MESSAGE_ILLEGAL
+    assert world.op_origins() == [0, 2, 3]
+    assert world.ledger.in_flight == 1
+    real = sorted((m.queue_id, m.body) for q in range(3) for m in world.records(TOPIC, q))
+    assert real == [(0, bytes([0])), (0, bytes([3])), (2, bytes([2]))]
+
+
 def test_a_round_whose_op_was_lost_is_repaired_at_start(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,7 +15,7 @@ Both the oneway (Java, and our client) and the request form (C++) are accepted. 
 answer to a oneway request (the remoting layer drops it), so a oneway answer that passes the
 checks above is not resolved at once: it joins the *round* of the current loop turn, which
 `TransactionResolver.end_many` stores once every request decoded in that turn has been handled
-(one store call per queue for the real messages, one op message per outcome), and its commit's
+(one store call for the real messages, one op message per outcome), and its commit's
 flush is not awaited. A failure is logged, as the refusal of a oneway request always is, and the
 transaction stays pending until a check-back settles it, as if the request had been lost. A
 request-form answer first stores the round (answers keep their arrival order) and then is

@@ -11,18 +11,21 @@ as false and stores as one blob; we split it). A C++ batch body may be zlib-comp
 message keeps its flag, body and properties, gains the outer properties and CLUSTER, and takes
 topic, queue, sysFlag, born time and hosts from the outer request.
 
-A send whose TRAN_MSG property is true (any sysFlag: the C++ client sets only the property) is
-stored as a half message by the transaction resolver (broker/transaction/, §8); the response's
-queueOffset is then the half queue's offset, which END_TRANSACTION quotes back.
+A single send whose TRAN_MSG property is true (any sysFlag: the C++ client sets only the
+property) is stored as a half message (broker/transaction/, §8): the resolver makes it
+(`half_message`, SYSTEM_BUSY when too many transactions are in flight), it joins the coalescer in
+the send's place (a `Substitute`: the answer quotes the real queue id, a refusal the real topic)
+and the resolver tracks it once stored (`half_stored`); the response's queueOffset is the half
+queue's offset, which END_TRANSACTION quotes back.
 
 A single send with DELAY > 0 or a TIMER_* property is parked by the DelayRouter (schedule.py,
 §9); a send to %RETRY%<group> whose reconsumeTimes reached the limit goes to %DLQ%<group>
 (send_back.py, §4.1 step 5).
 
 Every other single send is plain: after its checks it joins the SendCoalescer
-(send_coalesce.py), which stores the plain sends of one event-loop turn with one store call and
-answers each. The handler then returns None; the rest are stored and answered here, after the
-coalescer's pending sends (arrival order).
+(send_coalesce.py), which stores the plain and half sends of one event-loop turn with one store
+call and answers each. The handler then returns None; the rest are stored and answered here,
+after the coalescer's pending sends (arrival order).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
 from tidemq.broker.handlers.send_back import header_max_reconsume_times, redirect_exhausted
 from tidemq.broker.handlers.send_coalesce import (
     SendCoalescer,
+    Substitute,
     send_response_fields,
     store_refusal,
 )
@@ -183,8 +187,11 @@ class SendHandler:
             coalescer.put_pending()
             results = self._store.put_messages(messages)
         elif is_true_text(properties.get(TRAN_MSG)):
-            coalescer.put_pending()
-            results = [self._prepare(messages[0], header.producer_group)]
+            half = self._half_message(messages[0], header.producer_group)
+            assert self._transactions is not None  # _check_single refused the send otherwise
+            substitute = Substitute(header.topic, queue_id, self._transactions.half_stored)
+            coalescer.add(connection, request, half, substitute)
+            return None
         else:
             message = messages[0]
             parked = self._park(message, header, request.version)
@@ -290,10 +297,10 @@ class SendHandler:
         except DelayRefused as exc:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"bad delayed message: {exc}") from None
 
-    def _prepare(self, message: MessageToStore, producer_group: str) -> PutResult:
+    def _half_message(self, message: MessageToStore, producer_group: str) -> MessageToStore:
         assert self._transactions is not None
         try:
-            return self._transactions.prepare(message, producer_group)
+            return self._transactions.half_message(message, producer_group)
         except TransactionBusy as exc:
             raise Refusal(
                 ResponseCode.SYSTEM_BUSY, f"[TRANSACTIONS_BUSY] {exc}; try again later"

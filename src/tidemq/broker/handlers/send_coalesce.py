@@ -1,6 +1,6 @@
 """SendCoalescer: the single sends of one event-loop turn, stored with one store call.
 
-    SendHandler.handle, per plain SEND_MESSAGE(_V2): its own checks, its MessageToStore
+    SendHandler.handle, per plain or transactional single send: its checks, its MessageToStore
       ─▶ add(): connection.defer(request), joins the pending list (the first one schedules
          put_pending with loop.call_soon)
       ... the rest of this turn's reads: more frames of the same read, other connections' frames
@@ -21,8 +21,14 @@ as a command and encoded costs several times more than the rest of its way out.
 What stays per send: the request hook (it runs before the handler, so ACL sees every request
 before the store), every check (permission, topic, size: a refusal answers that request only),
 its record (the same bytes as put alone) and its response. Sends in arrival order reach the
-store in arrival order: whatever the send handler stores another way (batches, transactional
-and delayed sends, redirected retries) first puts the pending group (`put_pending`).
+store in arrival order: whatever the send handler stores another way (batches, delayed sends,
+redirected retries) first puts the pending group (`put_pending`).
+
+A send may be stored as another message (`Substitute`): a transactional send joins as its half
+message (RMQ_SYS_TRANS_HALF_TOPIC queue 0). Its answer quotes the queue id the sender named and
+the half queue's offset, a refusal names the sender's topic, and the substitute's `stored` (the
+transaction resolver's `half_stored`, which tracks the half in the ledger) runs before any
+answer of the group goes out, so an END_TRANSACTION never arrives for an untracked half.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import Final
+from collections.abc import Callable
+from typing import Final, NamedTuple
 
 from tidemq.broker.flush import FlushService
 from tidemq.broker.handlers.common import PUT_STATUS_CODES, BrokerAddress, refuse
@@ -44,8 +51,19 @@ from tidemq.store.types import MessageToStore, PutResult
 
 log = logging.getLogger(__name__)
 
-# A pending send: its connection, its request, its message.
-_Pending = tuple[Connection, RemotingCommand, MessageToStore]
+
+class Substitute(NamedTuple):
+    """A send stored as another message: the topic and queue id its sender named (its answer
+    quotes the queue id, a refusal the topic) and what to call with the message and its result
+    once stored, before the send is answered."""
+
+    topic: str
+    queue_id: int
+    stored: Callable[[MessageToStore, PutResult], None]
+
+
+# A pending send: its connection, its request, its message, and its Substitute if stored as one.
+_Pending = tuple[Connection, RemotingCommand, MessageToStore, Substitute | None]
 # A send stored and waiting for its flush: its connection, its request, and for its response
 # header its offsetMsgId, queue id and queue offset.
 _Stored = tuple[Connection, RemotingCommand, str, int, int]
@@ -125,11 +143,17 @@ class SendCoalescer:
         """Sends collected and not yet stored."""
         return len(self._pending)
 
-    def add(self, connection: Connection, request: RemotingCommand, msg: MessageToStore) -> None:
+    def add(
+        self,
+        connection: Connection,
+        request: RemotingCommand,
+        msg: MessageToStore,
+        substitute: Substitute | None = None,
+    ) -> None:
         """Store `msg` with the other sends of this loop turn and answer `request` then (the
-        handler returns None)."""
+        handler returns None). `substitute`: `msg` stands for what `request` sent."""
         connection.defer(request)
-        self._pending.append((connection, request, msg))
+        self._pending.append((connection, request, msg, substitute))
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._put_scheduled)
@@ -146,14 +170,14 @@ class SendCoalescer:
             return
         address = self._address
         try:
-            results = self._store.put_each([msg for _, _, msg in pending])
+            results = self._store.put_each([p[2] for p in pending])
             ok = [r for r in results if r.ok]
             msg_ids = offset_msg_ids(address.host, address.port, [r.physical_offset for r in ok])
         except Exception as exc:
             # A callback boundary: every send of the group is answered, the loop carries on.
             log.exception("storing %d coalesced sends failed", len(pending))
             remark = str(exc) or type(exc).__name__
-            for connection, request, _ in pending:
+            for connection, request, *_ in pending:
                 response = request.response(ResponseCode.SYSTEM_ERROR, remark=remark)
                 connection.respond(request, response)
             return
@@ -173,13 +197,30 @@ class SendCoalescer:
         """Answer the sends the store refused; the others' response fields, in order."""
         stored: list[_Stored] = []
         n = 0
-        for (connection, request, msg), result in zip(pending, results, strict=True):
-            if result.ok:
+        for (connection, request, msg, substitute), result in zip(pending, results, strict=True):
+            if not result.ok:
+                topic = msg.topic if substitute is None else substitute.topic
+                code, remark = store_refusal(topic, result)
+                connection.respond(request, refuse(connection, request, code, remark))
+            elif substitute is None:
                 stored.append((connection, request, msg_ids[n], msg.queue_id, result.queue_offset))
                 n += 1
             else:
-                code, remark = store_refusal(msg.topic, result)
-                connection.respond(request, refuse(connection, request, code, remark))
+                msg_id = msg_ids[n]
+                n += 1
+                try:
+                    substitute.stored(msg, result)
+                except Exception as exc:
+                    # A callback boundary, as put_pending's: this send is answered, not the rest.
+                    log.exception("after storing a send to %s", substitute.topic)
+                    remark = str(exc) or type(exc).__name__
+                    connection.respond(
+                        request, request.response(ResponseCode.SYSTEM_ERROR, remark=remark)
+                    )
+                    continue
+                stored.append(
+                    (connection, request, msg_id, substitute.queue_id, result.queue_offset)
+                )
         return stored
 
     def _answer_stored(self, stored: list[_Stored], flushed: bool) -> None:

@@ -337,8 +337,9 @@ class TransactionResolver:
         """Apply `answers` in order, each as `end` would; an answer's exception is its result.
 
         Answers about distinct transactions are stored together: the real messages of a run of
-        commits with one store call per queue, then one op message per outcome listing them all
-        (rebuild reads that batch op form). A second answer about a transaction of the run ends
+        commits with one store call (`put_each`: any queues, each message checked and refused on
+        its own), then one op message per outcome listing those stored (rebuild reads that batch
+        op form). A second answer about a transaction of the run ends
         the run first, so it finds the first one's outcome, as it would one by one.
         """
         results: list[EndResult | Exception | None] = []  # None: in the run, stored below
@@ -390,7 +391,7 @@ class TransactionResolver:
         was lost is found by rebuild's repair."""
         if not run:
             return
-        by_queue: dict[tuple[str, int], list[tuple[int, MessageToStore]]] = {}
+        reals: list[tuple[int, MessageToStore]] = []
         rollbacks: list[int] = []
         for index in run:
             answer = answers[index]
@@ -403,11 +404,11 @@ class TransactionResolver:
             except ProtocolError as exc:
                 results[index] = exc
                 continue
-            by_queue.setdefault((real.topic, real.queue_id), []).append((index, real))
+            reals.append((index, real))
         stored: list[tuple[int, PutResult]] = []
-        for items in by_queue.values():
-            puts = self.store.put_messages([real for _, real in items])
-            for (index, _), put in zip(items, puts, strict=True):
+        if reals:
+            puts = self.store.put_each([real for _, real in reals])
+            for (index, _), put in zip(reals, puts, strict=True):
                 if put.ok:
                     stored.append((index, put))
                 else:
