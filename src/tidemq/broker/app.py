@@ -190,11 +190,11 @@ class BrokerApp:
         self.transactions.rebuild(self.offsets)
         self.sink_batches.rebuild()
         self.pull_hold.start()
-        self.store.add_dispatch_listener(self.pull_hold.on_dispatch)
+        self.store.add_dispatch_listener(self.pull_hold.on_dispatch, self.pull_hold.wants_topic)
         self.schedule.load()
-        self.store.add_dispatch_listener(self.schedule.on_dispatch)
+        self.store.add_dispatch_listener(self.schedule.on_dispatch, self.schedule.wants_topic)
         self.timer.load()
-        self.store.add_dispatch_listener(self.timer.on_dispatch)
+        self.store.add_dispatch_listener(self.timer.on_dispatch, self.timer.wants_topic)
         self.flush = FlushService(
             self.store.flush,
             sync=config.flush_disk_type == "SYNC_FLUSH",

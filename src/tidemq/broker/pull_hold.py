@@ -66,6 +66,8 @@ class PullHoldService:
         self._held_max = held_max
         self._suspend_ms_max = suspend_ms_max
         self._held: dict[tuple[str, int], list[_Held]] = {}
+        # Held pulls per topic (the keys are the topics with one held): `wants_topic`.
+        self._held_topics: dict[str, int] = {}
         self._count = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -118,6 +120,7 @@ class PullHoldService:
         key = (topic, queue_id)
         # Short polling holds too (and counts against the bound) but is never woken early.
         self._held.setdefault(key, []).append(held)
+        self._held_topics[topic] = self._held_topics.get(topic, 0) + 1
         self._count += 1
         try:
             return await asyncio.wait_for(future, timeout_ms / 1000)
@@ -145,6 +148,15 @@ class PullHoldService:
         self._count -= 1
         if not waiters:
             del self._held[key]
+        left = self._held_topics[key[0]] - 1
+        if left:
+            self._held_topics[key[0]] = left
+        else:
+            del self._held_topics[key[0]]
+
+    def wants_topic(self, topic: str) -> bool:
+        """The store's topic filter for `on_dispatch`: topics with a pull held for wake-up."""
+        return self._long_polling and topic in self._held_topics
 
     def on_dispatch(self, event: DispatchEvent) -> None:
         """The store's dispatch listener: wake pulls waiting on this queue that the record suits."""

@@ -241,6 +241,10 @@ class ScheduleService:
         await cancel_and_wait(task)
         self.persist()
 
+    def wants_topic(self, topic: str) -> bool:
+        """The store's topic filter for `on_dispatch`: only the schedule topic's records."""
+        return topic == SCHEDULE_TOPIC_XXXX
+
     def on_dispatch(self, event: DispatchEvent) -> None:
         if event.topic != SCHEDULE_TOPIC_XXXX:
             return

@@ -117,6 +117,10 @@ class TimerWheel:
         props = decode_properties(message.properties)
         return park(message, props, self.topic_of(start), 0, deliver_ms)
 
+    def wants_topic(self, topic: str) -> bool:
+        """The store's topic filter for `on_dispatch`: only the timer buckets' records."""
+        return topic.startswith(TIMER_TOPIC_PREFIX)
+
     def on_dispatch(self, event: DispatchEvent) -> None:
         if not event.topic.startswith(TIMER_TOPIC_PREFIX):
             return

@@ -41,9 +41,16 @@ _TX_MASK: Final = props.SysFlag.TRANSACTION_MASK
 _TX_PREPARED: Final = props.SysFlag.PREPARED
 _TX_ROLLBACK: Final = props.SysFlag.ROLLBACK
 _SIZE: Final = put.PREPARED_SIZE
+_PUT_OK: Final = PutStatus.PUT_OK
 
 QueueKey = tuple[str, int]
 DispatchListener = Callable[[DispatchEvent], None]
+# Which topics a listener wants events of (None: all). Asked once per topic per put pass, so a
+# record no listener wants costs no event and no call (store.add_dispatch_listener).
+TopicFilter = Callable[[str], bool]
+Listeners = list[tuple[DispatchListener, TopicFilter | None]]
+# A PutResult from its six fields without the NamedTuple's keyword-handling constructor.
+_new_result = tuple.__new__
 
 
 def check_batch(
@@ -98,11 +105,12 @@ class Appender:
         queues: dict[QueueKey, ConsumeQueue],
         queue_of: Callable[[str, int], ConsumeQueue],
         index: IndexService,
-        listeners: list[DispatchListener],
+        listeners: Listeners,
         clock: Clock,
     ) -> None:
         """`queues` is the store's table (read here); `queue_of` finds or creates a queue in it.
-        `listeners` is the store's list, shared: listeners added later are called too."""
+        `listeners` is the store's list of (listener, topic filter), shared: listeners added
+        later are called too (from the next put on)."""
         self._log = log
         self._queues = queues
         self._queue_of = queue_of
@@ -124,6 +132,8 @@ class Appender:
         now_ms = self._clock.now_ms()
         # The next queue offset of each queue written to, read once from its consume queue.
         next_offsets: dict[QueueKey, int] = {}
+        # Per topic, the listeners that want its events (asked once per topic in this call).
+        wanted: dict[str, list[DispatchListener]] = {}
         count = len(prepared)
         i = 0
         while i < count:
@@ -134,10 +144,11 @@ class Appender:
             run: list[PutResult] = []
             cq_runs: dict[QueueKey, list[tuple[int, int, int]]] = {}
             index_entries: list[tuple[str, int, int]] = []
-            events: list[DispatchEvent] = []
+            events: list[tuple[DispatchEvent, list[DispatchListener]]] = []
             # The queue of the previous message (a batch has one; a group of sends few runs).
             topic, queue_id, queue_next = "", -1, 0
             entries: list[tuple[int, int, int]] | None = None
+            targets: list[DispatchListener] = []
             while i < count and prepared[i][_SIZE] <= room:
                 item = prepared[i]
                 msg, properties, tags_code, size = item[0], item[2], item[3], item[4]
@@ -147,6 +158,11 @@ class Appender:
                     if entries is None or msg.queue_id != queue_id or msg.topic != topic:
                         if entries is not None:
                             next_offsets[(topic, queue_id)] = queue_next
+                        if msg.topic != topic or entries is None:
+                            found = wanted.get(msg.topic)
+                            if found is None:
+                                found = wanted[msg.topic] = _wanting(listeners, msg.topic)
+                            targets = found
                         topic, queue_id = msg.topic, msg.queue_id
                         key = (topic, queue_id)
                         queue_next = next_offsets.get(key, -1)
@@ -159,19 +175,18 @@ class Appender:
                     queue_offset = queue_next
                     queue_next += 1
                     entries.append((physical_offset, size, tags_code))
-                    if listeners:
-                        events.append(
-                            DispatchEvent(
-                                topic,
-                                queue_id,
-                                queue_offset,
-                                physical_offset,
-                                size,
-                                tags_code,
-                                store_ts,
-                                properties,
-                            )
+                    if targets:
+                        event = DispatchEvent(
+                            topic,
+                            queue_id,
+                            queue_offset,
+                            physical_offset,
+                            size,
+                            tags_code,
+                            store_ts,
+                            properties,
                         )
+                        events.append((event, targets))
                 else:
                     queue_offset = 0
                 parts += record_parts(item, queue_offset, physical_offset, store_ts)
@@ -181,7 +196,9 @@ class Appender:
                             (f"{msg.topic}#{index_key}", physical_offset, store_ts)
                         )
                 run.append(
-                    PutResult(PutStatus.PUT_OK, physical_offset, queue_offset, size, store_ts)
+                    _new_result(
+                        PutResult, (_PUT_OK, physical_offset, queue_offset, size, store_ts, "")
+                    )
                 )
                 physical_offset += size
                 room -= size
@@ -195,9 +212,25 @@ class Appender:
                 self._index.put_many(index_entries)
             self.dispatched = physical_offset
             results += run
-            for event in events:
-                for listener in list(listeners):
+            for event, targets in events:
+                for listener in targets:
                     try:
                         listener(event)
                     except Exception:
                         logger.exception("dispatch listener %r failed", listener)
+
+
+def _wanting(listeners: Listeners, topic: str) -> list[DispatchListener]:
+    """The listeners whose filter wants `topic` (a failing filter counts as wanting it)."""
+    found: list[DispatchListener] = []
+    for listener, wants in listeners:
+        if wants is None:
+            found.append(listener)
+            continue
+        try:
+            if wants(topic):
+                found.append(listener)
+        except Exception:
+            logger.exception("dispatch topic filter %r failed", wants)
+            found.append(listener)
+    return found

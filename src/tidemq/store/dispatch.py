@@ -19,8 +19,12 @@ TAGS_CODE_PROPERTY: Final = "__TAGSCODE#"
 
 
 def index_keys(properties: dict[str, str]) -> list[str]:
-    keys = [k for k in properties.get(props.KEYS, "").split(" ") if k]
+    """KEYS (space-separated, empty ones skipped), then UNIQ_KEY unless already among them."""
+    keys_text = properties.get(props.KEYS)
     uniq = properties.get(props.UNIQ_KEY)
+    if not keys_text:  # most messages: no KEYS, only the client's UNIQ_KEY
+        return [uniq] if uniq else []
+    keys = [k for k in keys_text.split(" ") if k]
     if uniq and uniq not in keys:
         keys.append(uniq)
     return keys

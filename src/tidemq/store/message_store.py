@@ -93,7 +93,7 @@ class FileMessageStore:
             root / "index", config.index_slot_count, config.index_entry_count
         )
         self._checkpoint: CheckpointFile | None = None
-        self._listeners: list[Callable[[DispatchEvent], None]] = []
+        self._listeners: append.Listeners = []
         self._probe = disk_usage_probe or _measure_disk_usage
         self._disk_ratio = 0.0
         self._disk_checked_ms: float | None = None
@@ -191,8 +191,13 @@ class FileMessageStore:
 
     # --- dispatch -----------------------------------------------------------------------------
 
-    def add_dispatch_listener(self, fn: Callable[[DispatchEvent], None]) -> None:
-        self._listeners.append(fn)
+    def add_dispatch_listener(
+        self, fn: Callable[[DispatchEvent], None], wants: Callable[[str], bool] | None = None
+    ) -> None:
+        """Call `fn` with the event of each record that gets a consume-queue entry, in order,
+        after its run is written. With `wants`, only for the topics it accepts: it is asked once
+        per topic in each put, so records nobody wants cost no event at all."""
+        self._listeners.append((fn, wants))
 
     def _dispatch(
         self,

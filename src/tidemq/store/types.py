@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(slots=True)
@@ -37,8 +38,10 @@ class PutStatus(enum.Enum):
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
 
 
-@dataclass(frozen=True, slots=True)
-class PutResult:
+class PutResult(NamedTuple):
+    """What a put made of one message. A NamedTuple rather than a frozen dataclass: as
+    immutable, and built in a third of the time (one per stored message)."""
+
     status: PutStatus
     physical_offset: int = -1
     queue_offset: int = -1
@@ -72,9 +75,9 @@ class GetResult:
     max_offset: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchEvent:
-    """One record turned into a consume-queue entry (sent to dispatch listeners)."""
+class DispatchEvent(NamedTuple):
+    """One record turned into a consume-queue entry (sent to dispatch listeners). A NamedTuple
+    for the same reason as PutResult."""
 
     topic: str
     queue_id: int
