@@ -158,3 +158,33 @@ async def test_async_mode_calls_back_at_once() -> None:
     released: list[bool] = []
     service.on_flushed(10**9, released.append)
     assert released == [True]
+
+
+async def test_a_round_does_not_wait_behind_the_full_flush() -> None:
+    # SYNC: consume queues, index and checkpoint are flushed beside the group-commit rounds, so
+    # an acknowledgement never waits for them (they took tens of ms after a large backlog).
+    log = _Log()
+    full_entered = threading.Event()
+    full_gate = threading.Event()
+    full_flushes: list[int] = []
+
+    def full_flush() -> int:
+        full_entered.set()
+        full_gate.wait(5)
+        full_flushes.append(log.end)
+        return log.end
+
+    service = FlushService(
+        full_flush, sync=True, interval_ms=20, sync_timeout_ms=5000, flush_log=log.flush
+    )
+    service.start()
+    try:
+        assert await asyncio.to_thread(full_entered.wait, 5)
+        log.end = 700
+        assert await asyncio.wait_for(service.wait_flushed(700), 2) is True
+        assert log.flushes >= 1
+        assert full_flushes == []  # the full flush is still held: the round went past it
+    finally:
+        full_gate.set()
+        await service.stop()
+    assert full_flushes  # it did finish, and stop() ran a last one

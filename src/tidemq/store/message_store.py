@@ -101,8 +101,11 @@ class FileMessageStore:
             self._log, self._queues, self._queue, self._index, self._listeners, clock
         )
         self._running = False
-        # Held by flush and by anything that closes or deletes mapped files.
+        # Held by the commit log's flush and by anything that closes or deletes its files.
         self._flush_lock = threading.Lock()
+        # The same for consume queues, index and checkpoint (taken after _flush_lock when both
+        # are): a group-commit round syncing the log never waits behind their flush.
+        self._derived_lock = threading.Lock()
         # Guards the consume-queue table against the flush thread iterating it.
         self._table_lock = threading.Lock()
         self.last_recovery: RecoveryReport | None = None
@@ -156,7 +159,7 @@ class FileMessageStore:
             return
         self.flush()
         self._running = False
-        with self._flush_lock:
+        with self._flush_lock, self._derived_lock:
             for cq in self._queues.values():
                 cq.close()
             self._index.close()
@@ -455,7 +458,7 @@ class FileMessageStore:
         return result
 
     def delete_topic(self, topic: str) -> None:
-        with self._flush_lock, self._table_lock:
+        with self._derived_lock, self._table_lock:
             for key in [k for k in self._queues if k[0] == topic]:
                 self._queues.pop(key).destroy()
         shutil.rmtree(self._cq_root / topic, ignore_errors=True)
@@ -477,7 +480,10 @@ class FileMessageStore:
                 return self._log.flushed_offset
             dispatched = self._appender.dispatched
             log_flushed = self._log.flush()
-            if log_only:
+        if log_only:
+            return log_flushed
+        with self._derived_lock:
+            if not self._running:
                 return log_flushed
             with self._table_lock:
                 queues = list(self._queues.values())
@@ -513,7 +519,7 @@ class FileMessageStore:
             expired += 1
         if not expired:
             return 0
-        with self._flush_lock:
+        with self._flush_lock, self._derived_lock:
             removed = self._log.files.delete_first(expired)
             log_min = self._log.min_offset
             for cq in list(self._queues.values()):
