@@ -85,34 +85,39 @@ class IndexFile:
         returns the index of the first entry not put. The header is written once, at the end."""
         mm = self.mf.mm
         slot_count = self.slot_count
-        entry_base = self._entry_pos(0)
+        slot_base, slot_size = INDEX_HEADER.size, INDEX_SLOT.size
+        entry_size = INDEX_ENTRY.size
+        entry_at = self._entry_pos(0)
         unpack_slot, pack_slot = INDEX_SLOT.unpack_from, INDEX_SLOT.pack_into
         pack_entry = INDEX_ENTRY.pack_into
+        crc32 = zlib.crc32
         n = self.count
-        index = start
-        stop = len(entries)
-        while index < stop and n < self.entry_count:
+        stop = min(len(entries), start + self.entry_count - n)
+        if start >= stop:
+            return start
+        if n == 1:
+            _key, self.begin_phys, self.begin_ts = entries[start]
+        begin_ts, end_ts, end_phys = self.begin_ts, self.end_ts, self.end_phys
+        entry_at += n * entry_size
+        for index in range(start, stop):
             key, physical_offset, store_ts_ms = entries[index]
-            if n == 1:
-                self.begin_ts = store_ts_ms
-                self.begin_phys = physical_offset
-            h = key_hash(key)
-            slot_pos = INDEX_HEADER.size + (h % slot_count) * INDEX_SLOT.size
+            h = crc32(key.encode())  # key_hash
+            slot_pos = slot_base + (h % slot_count) * slot_size
             (previous,) = unpack_slot(mm, slot_pos)
-            diff_s = (store_ts_ms - self.begin_ts) // 1000
-            pack_entry(mm, entry_base + n * INDEX_ENTRY.size, h, physical_offset, diff_s, previous)
+            pack_entry(mm, entry_at, h, physical_offset, (store_ts_ms - begin_ts) // 1000, previous)
             pack_slot(mm, slot_pos, n)
             n += 1
-            if store_ts_ms > self.end_ts:
-                self.end_ts = store_ts_ms
-            if physical_offset > self.end_phys:
-                self.end_phys = physical_offset
-            index += 1
+            entry_at += entry_size
+            if store_ts_ms > end_ts:
+                end_ts = store_ts_ms
+            if physical_offset > end_phys:
+                end_phys = physical_offset
+        self.end_ts, self.end_phys = end_ts, end_phys
         self.count = n
         self.write_header()
         if self.full:
             self.mf.wrote = self.mf.size  # after the bytes it covers, as for appends
-        return index
+        return stop
 
     def write_header(self) -> None:
         INDEX_HEADER.pack_into(

@@ -5,6 +5,9 @@
     (negative: the broker picks) ─▶ topic writable ─▶ build MessageToStore(s) ─▶ store.put_*
     ─▶ SYNC_FLUSH: await the flush ─▶ response header (offsetMsgId, queueId, queueOffset)
 
+A topic that passed the checks up to "topic writable" is remembered (not a retry topic, whose
+group lives in another table) until the topic table next changes: its next sends skip them.
+
 A batch is code 320, or code 10/310 with batch "true" or "1" (C++ 1.2.3 sends "1", which Java reads
 as false and stores as one blob; we split it). A C++ batch body may be zlib-compressed as a whole
 (outer sysFlag bit 0): it is inflated first and the inner messages stored uncompressed. Each inner
@@ -33,8 +36,10 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
+from typing import Final
 
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.delay_levels import TIMER_PROPERTIES
 from tidemq.broker.flush import FlushService
 from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
@@ -82,6 +87,9 @@ from tidemq.store.message_store import FileMessageStore
 from tidemq.store.types import MessageToStore, PutResult
 
 log = logging.getLogger(__name__)
+
+# The properties that make the DelayRouter park a message (any other passes it through).
+_PARKING_PROPERTIES: Final = frozenset((DELAY, *TIMER_PROPERTIES))
 
 
 def stored_properties(
@@ -141,6 +149,12 @@ class SendHandler:
         # What every stored single message gains, encoded once.
         self._cluster = {CLUSTER: config.broker_cluster_name}
         self._cluster_text = encode_properties(self._cluster)
+        # The topics that passed _check, by name, while the topic table stays as it is: what
+        # decides the check is the broker's permission (fixed), the topic's name and its config
+        # (the table's), so a send to one of them skips it. Retry topics are never here (their
+        # group, from another table, is checked each time).
+        self._checked: dict[str, TopicConfig] = {}
+        topics.add_change_listener(self._checked.clear)
 
     def register(self, table: HandlerTable) -> None:
         for code in (
@@ -154,7 +168,8 @@ class SendHandler:
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand | None:
         header = parse_send_header(request.ext_fields)
-        topic_config = self._check(connection, header)
+        topic = header.topic
+        topic_config = self._checked.get(topic) or self._check(connection, header)
         queue_id = self._queue_id(header, topic_config)
         text = header.properties or ""
         properties = decode_properties(text)
@@ -162,44 +177,50 @@ class SendHandler:
         sys_flag = header.sys_flag
         if topic_config.topic_filter_type == TOPIC_FILTER_MULTI_TAG:
             sys_flag |= SysFlag.MULTI_TAGS
-        is_batch = request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch
-        if is_batch:
-            messages = self._split_batch(connection, header, request.body, queue_id, properties)
-        else:
-            self._check_single(request.body, properties)
-            messages = [
-                MessageToStore(
-                    topic=header.topic,
-                    queue_id=queue_id,
-                    body=request.body,
-                    flag=header.flag,
-                    properties=text,
-                    sys_flag=sys_flag,
-                    born_timestamp=header.born_timestamp,
-                    born_host=connection.peer,
-                    store_host=(self._address.host, self._address.port),
-                    reconsume_times=header.reconsume_times,
-                    parsed=(text, properties),
-                )
-            ]
         coalescer = self.coalescer
-        if is_batch:
+        if request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch:
+            messages = self._split_batch(connection, header, request.body, queue_id, properties)
             coalescer.put_pending()
             results = self._store.put_messages(messages)
-        elif is_true_text(properties.get(TRAN_MSG)):
-            half = self._half_message(messages[0], header.producer_group)
+            return await self._answer(request, header, queue_id, results)
+        body = request.body
+        transactional = TRAN_MSG in properties and is_true_text(properties[TRAN_MSG])
+        if transactional or len(body) > self._config.max_message_size:
+            self._check_single(body, properties)
+        address = self._address
+        message = MessageToStore(
+            topic,
+            queue_id,
+            body,
+            header.flag,
+            text,
+            sys_flag,
+            header.born_timestamp,
+            connection.peer,
+            (address.host, address.port),
+            header.reconsume_times,
+            0,
+            None,
+            None,
+            (text, properties),
+        )
+        if transactional:
+            half = self._half_message(message, header.producer_group)
             assert self._transactions is not None  # _check_single refused the send otherwise
-            substitute = Substitute(header.topic, queue_id, self._transactions.half_stored)
+            substitute = Substitute(topic, queue_id, self._transactions.half_stored)
             coalescer.add(connection, request, half, substitute)
             return None
-        else:
-            message = messages[0]
-            parked = self._park(message, header, request.version)
-            if parked is message:
-                coalescer.add(connection, request, message)
-                return None
-            coalescer.put_pending()
-            results = [self._store.put_message(parked)]
+        # A checked topic is no retry topic (nothing to redirect); without a delay or timer
+        # property the DelayRouter gives the message back: _park would change nothing.
+        if topic in self._checked and properties.keys().isdisjoint(_PARKING_PROPERTIES):
+            coalescer.add(connection, request, message)
+            return None
+        parked = self._park(message, header, request.version)
+        if parked is message:
+            coalescer.add(connection, request, message)
+            return None
+        coalescer.put_pending()
+        results = [self._store.put_message(parked)]
         return await self._answer(request, header, queue_id, results)
 
     # -- checks ------------------------------------------------------------------------------
@@ -232,7 +253,10 @@ class SendHandler:
                 f"{Perm.to_text(topic_config.perm)})",
             )
         retry_group = group_of_retry_topic(header.topic)
-        if retry_group is not None and self._groups.find_or_create(retry_group) is None:
+        if retry_group is None:
+            # Cleared by every change of the topic table (its change listener).
+            self._checked[header.topic] = topic_config
+        elif self._groups.find_or_create(retry_group) is None:
             raise Refusal(
                 ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
                 f"subscription group [{retry_group}] does not exist",
