@@ -1,11 +1,13 @@
-"""The transactional producer reads the half message's commit-log offset from its offsetMsgId."""
+"""The transactional producer reads the half message's commit-log offset from its offsetMsgId,
+and builds its END_TRANSACTION fields directly: both agree with the careful functions."""
 
 from __future__ import annotations
 
 import pytest
 
-from tidemq.client.transaction import commit_log_offset_of
+from tidemq.client.transaction import LocalTransactionState, commit_log_offset_of, end_fields
 from tidemq.errors import ProtocolError
+from tidemq.protocol.headers import EndTransactionRequestHeader
 from tidemq.protocol.message import decode_offset_msg_id, offset_msg_id
 
 
@@ -34,3 +36,36 @@ def test_commit_log_offset_agrees_with_decode_offset_msg_id(msg_id: str) -> None
     except (ProtocolError, ValueError) as exc:
         got = f"{type(exc).__name__}: {exc}"
     assert got == expected
+
+
+@pytest.mark.parametrize("state", list(LocalTransactionState))
+@pytest.mark.parametrize(
+    ("queue_offset", "commit_log_offset", "msg_id", "transaction_id"),
+    [
+        (0, 0, "7F00000100002A9F0000000000000001", "7F00000100002A9F0000000000000001"),
+        (2**63 - 1, 123_456_789_012, "AC1", "tx-9"),
+        (-1, 5, "", ""),
+    ],
+)
+def test_end_fields_agree_with_the_header(
+    state: LocalTransactionState,
+    queue_offset: int,
+    commit_log_offset: int,
+    msg_id: str,
+    transaction_id: str,
+) -> None:
+    header = EndTransactionRequestHeader(
+        producer_group="grp",
+        tran_state_table_offset=queue_offset,
+        commit_log_offset=commit_log_offset,
+        commit_or_rollback=state.end_code,
+        from_transaction_check=False,
+        msg_id=msg_id,
+        transaction_id=transaction_id,
+    )
+    fields = end_fields(
+        "grp", queue_offset, commit_log_offset, state.end_code, msg_id, transaction_id
+    )
+    assert fields == header.to_fields()
+    assert list(fields) == list(header.to_fields())
+    assert EndTransactionRequestHeader.from_fields(fields) == header or transaction_id == ""

@@ -184,11 +184,11 @@ async def test_lost_end_transaction_is_settled_by_the_check(cluster: Any) -> Non
         real_end = p._end_oneway
         dropped: list[int] = []
 
-        async def lossy(addr: str, header: Any, remark: str | None) -> None:
-            if not header.from_transaction_check:
-                dropped.append(header.commit_or_rollback)  # the network ate it
+        async def lossy(addr: str, fields: dict[str, str], remark: str | None) -> None:
+            if fields["fromTransactionCheck"] != "true":
+                dropped.append(int(fields["commitOrRollback"]))  # the network ate it
                 return
-            await real_end(addr, header, remark)
+            await real_end(addr, fields, remark)
 
         p._end_oneway = lossy  # type: ignore[method-assign]
         await p.send_message_in_transaction(Message(TOPIC, b"l"))

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import enum
 import inspect
 import logging
@@ -173,6 +172,28 @@ def commit_log_offset_of(offset_msg_id: str) -> int:
     return pm.decode_offset_msg_id(offset_msg_id)[2]
 
 
+def end_fields(
+    group: str,
+    queue_offset: int,
+    commit_log_offset: int,
+    end_code: int,
+    msg_id: str,
+    transaction_id: str,
+) -> dict[str, str]:
+    """The extFields of a producer's END_TRANSACTION (not from a check): what
+    `EndTransactionRequestHeader(...).to_fields()` gives for them, built directly (one per
+    transaction; tests compare the two)."""
+    return {
+        "producerGroup": group,
+        "tranStateTableOffset": str(queue_offset),
+        "commitLogOffset": str(commit_log_offset),
+        "commitOrRollback": str(end_code),
+        "fromTransactionCheck": "false",
+        "msgId": msg_id,
+        "transactionId": transaction_id,
+    }
+
+
 class TransactionProducer(Producer):
     """A Producer that also sends messages in transactions. Plain sends work as in Producer.
 
@@ -263,7 +284,18 @@ class TransactionProducer(Producer):
         msg_id = properties[pm.UNIQ_KEY]
         properties[pm.TRAN_MSG] = "true"
         properties[pm.PGROUP] = self.group
-        half_message = dataclasses.replace(message, properties=properties)
+        # As dataclasses.replace(message, properties=properties), without its per-call field
+        # introspection (one per transaction).
+        half_message = Message(
+            topic=message.topic,
+            body=message.body,
+            tags=message.tags,
+            keys=message.keys,
+            properties=properties,
+            delay_level=message.delay_level,
+            flag=message.flag,
+            deliver_time_ms=message.deliver_time_ms,
+        )
         # Checked and encoded before the try: an invalid message raises (nothing was sent)
         # rather than being reported as a failed half send. TRAN_MSG makes prepare_parts flag it
         # PREPARED; the send itself is the producer's (its fast path, its retries).
@@ -299,30 +331,25 @@ class TransactionProducer(Producer):
         if send is None:
             return result
         try:
-            commit_log_offset = commit_log_offset_of(send.offset_msg_id)
-            header = EndTransactionRequestHeader(
-                producer_group=self.group,
-                tran_state_table_offset=send.queue_offset,
-                commit_log_offset=commit_log_offset,
-                commit_or_rollback=state.end_code,
-                from_transaction_check=False,
-                msg_id=half.msg_id,
-                transaction_id=send.transaction_id or half.msg_id,
+            fields = end_fields(
+                self.group,
+                send.queue_offset,
+                commit_log_offset_of(send.offset_msg_id),
+                state.end_code,
+                half.msg_id,
+                send.transaction_id or half.msg_id,
             )
             addr = self._instance.master_address(send.message_queue.broker_name)
-            await self._end_oneway(addr, header, remark)
+            await self._end_oneway(addr, fields, remark)
         except QueueError as exc:
             logger.warning(
                 "END_TRANSACTION of %s not sent (%s): the broker will check back", half.msg_id, exc
             )
         return result
 
-    async def _end_oneway(
-        self, addr: str, header: EndTransactionRequestHeader, remark: str | None
-    ) -> None:
-        cmd = RemotingCommand(
-            code=RequestCode.END_TRANSACTION, ext_fields=header.to_fields(), remark=remark
-        )
+    async def _end_oneway(self, addr: str, fields: dict[str, str], remark: str | None) -> None:
+        """END_TRANSACTION with `fields` (its header's extFields), oneway."""
+        cmd = RemotingCommand(code=RequestCode.END_TRANSACTION, ext_fields=fields, remark=remark)
         await self._instance.remoting.invoke_oneway(addr, cmd)
 
     # -- check-backs ---------------------------------------------------------------------
@@ -381,6 +408,6 @@ class TransactionProducer(Producer):
             transaction_id=header.transaction_id,
         )
         try:
-            await self._end_oneway(broker_addr, end, remark)
+            await self._end_oneway(broker_addr, end.to_fields(), remark)
         except ClientError as exc:
             logger.warning("check-back answer for %s not sent: %s", msg_id, exc)
