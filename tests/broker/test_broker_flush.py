@@ -188,3 +188,39 @@ async def test_a_round_does_not_wait_behind_the_full_flush() -> None:
         full_gate.set()
         await service.stop()
     assert full_flushes  # it did finish, and stop() ran a last one
+
+
+async def test_a_waiter_arriving_during_a_round_gets_the_next_one() -> None:
+    # SYNC rounds run on the service's own thread: the running round may have captured the end
+    # before the new waiter's bytes, so that waiter kicks another round right after it.
+    log = _Log()
+    in_round = threading.Event()
+    ends: list[int] = []
+
+    def flush_log() -> int:
+        end = log.end
+        in_round.set()
+        log.gate.wait(5)
+        ends.append(end)
+        return end
+
+    log.gate.clear()
+    service = FlushService(
+        log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=5000, flush_log=flush_log
+    )
+    service.start()
+    try:
+        log.end = 100
+        first = asyncio.ensure_future(service.wait_flushed(100))
+        assert await asyncio.to_thread(in_round.wait, 5)
+        log.end = 200  # appended while the first round is in its fdatasync
+        second = asyncio.ensure_future(service.wait_flushed(200))
+        await asyncio.sleep(0)
+        assert not first.done()
+        log.gate.set()
+        assert await asyncio.wait_for(asyncio.gather(first, second), 5) == [True, True]
+        assert ends == [100, 200]
+    finally:
+        log.gate.set()
+        await service.stop()
+    assert not any(t.name == "flush-service-rounds" for t in threading.enumerate())
