@@ -97,7 +97,16 @@ class Appender:
     """Appends prepared records and dispatches them: consume-queue entries, index entries and
     the listeners' events. The store's single writer (the event-loop thread) calls it."""
 
-    __slots__ = ("_clock", "_index", "_listeners", "_log", "_queue_of", "_queues", "dispatched")
+    __slots__ = (
+        "_clock",
+        "_index",
+        "_listeners",
+        "_log",
+        "_queue_of",
+        "_queues",
+        "broken",
+        "dispatched",
+    )
 
     def __init__(
         self,
@@ -119,6 +128,11 @@ class Appender:
         self._clock = clock
         # The physical offset up to which records are dispatched (the checkpoint's logic offset).
         self.dispatched = 0
+        # Why appending stopped: a run was written to the log but its consume-queue or index
+        # entries were not (e.g. ENOSPC creating a file). Queue offsets after it would collide
+        # with the ones the written records carry, so the store takes no more writes until a
+        # restart, whose recovery dispatches those records.
+        self.broken: str | None = None
 
     def append(self, prepared: Sequence[put.Prepared], results: list[PutResult]) -> None:
         """Write and dispatch `prepared` in order, one run per segment; each record's PutResult
@@ -206,10 +220,20 @@ class Appender:
             if entries is not None:
                 next_offsets[(topic, queue_id)] = queue_next
             mf.append(b"".join(parts))
-            for key, entries in cq_runs.items():
-                self._queue_of(*key).put_run(next_offsets[key] - len(entries), entries)
-            if index_entries:
-                self._index.put_many(index_entries)
+            try:
+                for key, entries in cq_runs.items():
+                    self._queue_of(*key).put_run(next_offsets[key] - len(entries), entries)
+                if index_entries:
+                    self._index.put_many(index_entries)
+            except OSError as exc:
+                # The run is in the log (recovery will dispatch it): it is answered as stored,
+                # and nothing more is written until then.
+                self.broken = (
+                    f"dispatch failed after commit-log offset {self.dispatched} ({exc}); "
+                    "restart the broker to re-dispatch"
+                )
+                results += run
+                raise DispatchFailed(self.broken) from exc
             self.dispatched = physical_offset
             results += run
             for event, targets in events:
@@ -218,6 +242,10 @@ class Appender:
                         listener(event)
                     except Exception:
                         logger.exception("dispatch listener %r failed", listener)
+
+
+class DispatchFailed(OSError):
+    """A run was written to the commit log but not dispatched; see `Appender.broken`."""
 
 
 def _wanting(listeners: Listeners, topic: str) -> list[DispatchListener]:

@@ -106,6 +106,7 @@ class FileMessageStore:
         # The same for consume queues, index and checkpoint (taken after _flush_lock when both
         # are): a group-commit round syncing the log never waits behind their flush.
         self._derived_lock = threading.Lock()
+        self._checkpointed = 0  # the log offset of the last checkpoint written
         # Guards the consume-queue table against the flush thread iterating it.
         self._table_lock = threading.Lock()
         self.last_recovery: RecoveryReport | None = None
@@ -282,6 +283,8 @@ class FileMessageStore:
     def _check_writable(self) -> PutResult | None:
         if not self._running:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error="store is not running")
+        if self._appender.broken is not None:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=self._appender.broken)
         ratio = self.disk_usage_ratio_percent()
         limit = self.config.disk_max_used_space_ratio_percent
         if ratio > limit:
@@ -304,7 +307,10 @@ class FileMessageStore:
                 if exc.errno == errno.ENOSPC
                 else PutStatus.UNKNOWN_ERROR
             )
-            logger.exception("commit-log append failed")
+            if isinstance(exc, append.DispatchFailed):
+                logger.exception("commit-log append stopped: %s", exc)
+            else:
+                logger.exception("commit-log append failed")
             failed = PutResult(status, error=f"append failed: {exc}")
             results.extend([failed] * (len(prepared) - len(results)))
         return results
@@ -490,7 +496,10 @@ class FileMessageStore:
             for cq in queues:
                 cq.flush()
             self._index.flush()
-            if self._checkpoint is not None:
+            # Two full flushes can overlap (a stop's last flush and a cancelled task's thread):
+            # the checkpoint never moves back.
+            if self._checkpoint is not None and log_flushed >= self._checkpointed:
+                self._checkpointed = log_flushed
                 self._checkpoint.write(
                     Checkpoint(log_flushed, min(dispatched, log_flushed), self.clock.now_ms())
                 )

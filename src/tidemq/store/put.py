@@ -28,6 +28,11 @@ _TOPIC_LEN: Final = struct.Struct(">b")
 _PROPS_LEN: Final = struct.Struct(">h")
 _SYSFLAG_HOSTS_V6: Final = props.SysFlag.BORNHOST_V6 | props.SysFlag.STOREHOST_V6
 _BODY_CRC_MASK: Final = 0x7FFFFFFF
+# The record's int and long fields (Java's int32 / int64): a value outside them cannot be stored.
+_I32_MIN: Final = -(2**31)
+_I32_MAX: Final = 2**31 - 1
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
 
 # A checked message: it, its properties prefix bytes (rec.properties_prefix), parsed properties,
 # tags code, record size, packed born and store hosts, topic part (`topic_part`).
@@ -56,6 +61,16 @@ def check_message(msg: MessageToStore, topic: bytes, config: StoreConfig) -> Put
 
     if len(msg.body) > config.message_size_max:
         return illegal(f"body {len(msg.body)} bytes exceeds {config.message_size_max}")
+    if not (
+        _I32_MIN <= msg.flag <= _I32_MAX
+        and _I32_MIN <= msg.sys_flag <= _I32_MAX
+        and _I32_MIN <= msg.queue_id <= _I32_MAX
+        and _I32_MIN <= msg.reconsume_times <= _I32_MAX
+        and _I64_MIN <= msg.born_timestamp <= _I64_MAX
+        and _I64_MIN <= msg.prepared_transaction_offset <= _I64_MAX
+        and (msg.store_timestamp is None or _I64_MIN <= msg.store_timestamp <= _I64_MAX)
+    ):
+        return illegal(_out_of_range(msg))
     try:
         born_ip = rec.pack_ipv4(msg.born_host[0])
         store_ip = rec.pack_ipv4(msg.store_host[0])
@@ -88,6 +103,22 @@ def check_message(msg: MessageToStore, topic: bytes, config: StoreConfig) -> Put
     if size + rec.BLANK_MARKER_SIZE > config.commit_log_file_size:
         return illegal(f"record of {size} bytes does not fit a commit-log segment")
     return msg, props_prefix, properties, tags_code, size, born_ip, store_ip, topic
+
+
+def _out_of_range(msg: MessageToStore) -> str:
+    fields = (
+        ("flag", msg.flag, _I32_MIN, _I32_MAX),
+        ("sysFlag", msg.sys_flag, _I32_MIN, _I32_MAX),
+        ("queueId", msg.queue_id, _I32_MIN, _I32_MAX),
+        ("reconsumeTimes", msg.reconsume_times, _I32_MIN, _I32_MAX),
+        ("bornTimestamp", msg.born_timestamp, _I64_MIN, _I64_MAX),
+        ("preparedTransactionOffset", msg.prepared_transaction_offset, _I64_MIN, _I64_MAX),
+        ("storeTimestamp", msg.store_timestamp or 0, _I64_MIN, _I64_MAX),
+    )
+    for name, value, low, high in fields:
+        if not low <= value <= high:
+            return f"{name} {value} outside {low}..{high}"
+    return "a field is out of range"  # not reached: the caller found one
 
 
 def topic_part(topic_bytes: bytes) -> bytes:
