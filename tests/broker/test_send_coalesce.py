@@ -28,6 +28,7 @@ from tidemq.protocol.frame import (
     encode,
 )
 from tidemq.protocol.headers import (
+    DeleteTopicRequestHeader,
     EndTransactionRequestHeader,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
@@ -436,3 +437,21 @@ async def test_a_failure_after_storing_a_half_answers_only_that_send(
     ]
     assert got[1].remark == "ledger broke"
     assert [got[n].ext_fields["queueOffset"] for n in (0, 2)] == ["1", "2"]
+
+
+async def test_sends_before_a_topic_deletion_in_the_same_turn_go_with_the_topic(
+    broker: Harness, peers: Any
+) -> None:
+    # The deletion stores the pending group first (the topic table's change listener), so the
+    # sends are answered and deleted with the topic instead of recreating its queue afterwards.
+    await _create_topic(broker)
+    (peer,) = await peers(1)
+    delete = RemotingCommand(
+        code=RequestCode.DELETE_TOPIC_IN_BROKER,
+        opaque=99,
+        ext_fields=DeleteTopicRequestHeader(topic=TOPIC).to_fields(),
+    )
+    peer.writer.write(_frame(0, b"a") + _frame(1, b"b") + encode(delete))
+    got = await peer.responses(3)
+    assert [got[n].code for n in (0, 1, 99)] == [ResponseCode.SUCCESS] * 3
+    assert TOPIC not in broker.app.store.topics_and_queues()

@@ -154,7 +154,13 @@ class SendHandler:
         # (the table's), so a send to one of them skips it. Retry topics are never here (their
         # group, from another table, is checked each time).
         self._checked: dict[str, TopicConfig] = {}
-        topics.add_change_listener(self._checked.clear)
+        topics.add_change_listener(self._on_topics_changed)
+
+    def _on_topics_changed(self) -> None:
+        self._checked.clear()
+        # Sends collected before the change are stored under the table they were checked
+        # against: a topic deleted in the same loop turn loses them with it, never recreates it.
+        self.coalescer.put_pending()
 
     def register(self, table: HandlerTable) -> None:
         for code in (
