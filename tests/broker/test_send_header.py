@@ -12,24 +12,10 @@ from hypothesis import strategies as st
 from tidemq.broker.handlers.send_header import SendHeader, parse_send_header
 from tidemq.errors import ProtocolError
 from tidemq.protocol.headers import SendMessageRequestHeader
+from tidemq.protocol.headers_send import SEND_V1_KEYS, SEND_V2_KEYS
 
-_V1 = [
-    "producerGroup",
-    "topic",
-    "defaultTopic",
-    "defaultTopicQueueNums",
-    "queueId",
-    "sysFlag",
-    "bornTimestamp",
-    "flag",
-    "properties",
-    "reconsumeTimes",
-    "unitMode",
-    "maxReconsumeTimes",
-    "batch",
-    "bname",
-]
-_V2 = list("abcdefghijklmn")
+_V1 = list(SEND_V1_KEYS)
+_V2 = list(SEND_V2_KEYS)
 # Plain values and the near misses a careless fast path would get wrong.
 _NUMBER_TEXTS = ["0", "4", "17", "1700000000000", "-1", "+3", " 5", "5 ", "", "x", "²", "1_0"]
 _NUMBER_TEXTS += ["9" * 18, "9" * 19, "٣"]

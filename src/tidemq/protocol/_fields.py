@@ -26,7 +26,7 @@ _FALSE_TEXTS: Final = frozenset({"false", "0"})
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 # Decimal figures that always fit an int64 (10**18 - 1 < 2**63), so the hot path skips the check.
-_PLAIN_DIGITS_MAX: Final = 18
+PLAIN_DIGITS_MAX: Final = 18
 
 Scalar = str | int | bool | None  # bool before int: True is an int too
 
@@ -64,7 +64,7 @@ def parse_plain_int(text: str) -> int | None:
     """The hot path of parse_int_text: ASCII digits with an optional "-", at most 18 figures (so
     within int64); None for anything else, which the caller then parses the careful way."""
     digits = text[1:] if text[:1] == "-" else text
-    if digits.isdigit() and digits.isascii() and len(digits) <= _PLAIN_DIGITS_MAX:
+    if digits.isdigit() and digits.isascii() and len(digits) <= PLAIN_DIGITS_MAX:
         return int(text)
     return None
 

@@ -17,6 +17,7 @@ remoting.md §1.4; ProtocolError naming the missing or invalid wire field):
 
 from __future__ import annotations
 
+from tidemq.protocol._fields import PLAIN_DIGITS_MAX
 from tidemq.protocol.headers_admin import (
     TOPIC_FILTER_MULTI_TAG,
     TOPIC_FILTER_SINGLE_TAG,
@@ -81,6 +82,7 @@ __all__ = [
     "DEFAULT_TOPIC",
     "DEFAULT_TOPIC_QUEUE_NUMS",
     "MSG_REGION_DEFAULT",
+    "PLAIN_DIGITS_MAX",
     "TOPIC_FILTER_MULTI_TAG",
     "TOPIC_FILTER_SINGLE_TAG",
     "UNIQUE_KEY_QUERY_FIELD",

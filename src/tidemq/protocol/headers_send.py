@@ -25,6 +25,7 @@ DEFAULT_TOPIC: Final = TBW102
 DEFAULT_TOPIC_QUEUE_NUMS: Final = 4
 # Extra response fields Java adds to every send response; clients ignore them but expect them.
 MSG_REGION_DEFAULT: Final = "DefaultRegion"
+TRACE_ON_DEFAULT: Final = "true"
 
 # ---------------------------------------------------------------------------------------------
 # SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320): §4.1
@@ -46,9 +47,9 @@ _SEND_NAMES: Final = (
     ("batch", "m"),
     ("bname", "n"),
 )
-_SEND_V1_TO_V2: Final = dict(_SEND_NAMES)
-_SEND_V1_KEYS: Final = tuple(v1 for v1, _ in _SEND_NAMES)
-_SEND_V2_KEYS: Final = tuple(v2 for _, v2 in _SEND_NAMES)
+# The wire names in the header's field order, per spelling (also the broker's send_header.py).
+SEND_V1_KEYS: Final = tuple(v1 for v1, _ in _SEND_NAMES)
+SEND_V2_KEYS: Final = tuple(v2 for _, v2 in _SEND_NAMES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,7 +74,7 @@ class SendMessageRequestHeader:
     def to_fields(self, *, v2: bool = False) -> dict[str, str]:
         """extFields with the long names, or with the letters a..n when `v2` (codes 310/320)."""
         # Built directly (one send per message): the same map `render` would make.
-        names = _SEND_V2_KEYS if v2 else _SEND_V1_KEYS
+        names = SEND_V2_KEYS if v2 else SEND_V1_KEYS
         fields = {
             names[0]: self.producer_group,
             names[1]: self.topic,
@@ -103,7 +104,7 @@ class SendMessageRequestHeader:
         letters with 310/320, and a client could mix them up without harm.
         """
         v2 = "producerGroup" not in fields and "a" in fields
-        fast = _send_header_fast(cls, fields, _SEND_V2_KEYS if v2 else _SEND_V1_KEYS)
+        fast = _send_header_fast(cls, fields, SEND_V2_KEYS if v2 else SEND_V1_KEYS)
         if fast is not None:
             return fast
         if v2:
@@ -247,7 +248,7 @@ class SendMessageResponseHeader:
         if self.transaction_id is not None:
             fields["transactionId"] = self.transaction_id
         fields["MSG_REGION"] = MSG_REGION_DEFAULT
-        fields["TRACE_ON"] = "true"
+        fields["TRACE_ON"] = TRACE_ON_DEFAULT
         return fields
 
     @classmethod

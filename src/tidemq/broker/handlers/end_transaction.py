@@ -41,7 +41,7 @@ from tidemq.broker.transaction.states import IllegalStateTransition, TxInput
 from tidemq.errors import ProtocolError
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import FLAG_ONEWAY, RemotingCommand
-from tidemq.protocol.headers import EndTransactionRequestHeader
+from tidemq.protocol.headers import PLAIN_DIGITS_MAX, EndTransactionRequestHeader
 from tidemq.protocol.message import PGROUP, SysFlag
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
@@ -56,8 +56,6 @@ _INPUTS: Final = {
 # Oneway answers collected in one round; a full round is stored at once, so one loop turn's work
 # and the round's memory stay bounded however many requests one read delivers.
 END_ROUND_MAX: Final = 1_024
-# Figures a plain decimal offset may have and still fit an int64 (10**18 - 1 < 2**63).
-_PLAIN_DIGITS_MAX: Final = 18
 _PLAIN_BOOLS: Final = {"true": True, "false": False, "1": True, "0": False}
 
 WaitFlushed = Callable[[int], Awaitable[bool]]
@@ -97,7 +95,7 @@ def end_header(fields: Mapping[str, str]) -> EndTransactionRequestHeader:
 
 
 def _is_plain(text: str) -> bool:
-    return text.isdigit() and text.isascii() and len(text) <= _PLAIN_DIGITS_MAX
+    return text.isdigit() and text.isascii() and len(text) <= PLAIN_DIGITS_MAX
 
 
 class EndTransactionHandler:

@@ -43,7 +43,7 @@ from tidemq.broker.flush import FlushService
 from tidemq.broker.handlers.common import PUT_STATUS_CODES, BrokerAddress, refuse
 from tidemq.protocol.codes import ResponseCode
 from tidemq.protocol.frame import RemotingCommand, SerializeType, encode_parts
-from tidemq.protocol.headers_send import MSG_REGION_DEFAULT
+from tidemq.protocol.headers_send import MSG_REGION_DEFAULT, TRACE_ON_DEFAULT
 from tidemq.protocol.message import offset_msg_ids
 from tidemq.remoting.connection import Connection
 from tidemq.store.message_store import FileMessageStore
@@ -68,7 +68,6 @@ _Pending = tuple[Connection, RemotingCommand, MessageToStore, Substitute | None]
 # header its offsetMsgId, queue id and queue offset.
 _Stored = tuple[Connection, RemotingCommand, str, int, int]
 
-_TRACE_ON: Final = "true"
 _LENGTHS: Final = struct.Struct(">II")  # the frame's total length, serialisation type + length
 
 
@@ -80,7 +79,7 @@ def send_response_fields(msg_id: str, queue_id: int, queue_offset: int) -> dict[
         "queueId": str(queue_id),
         "queueOffset": str(queue_offset),
         "MSG_REGION": MSG_REGION_DEFAULT,
-        "TRACE_ON": _TRACE_ON,
+        "TRACE_ON": TRACE_ON_DEFAULT,
     }
 
 

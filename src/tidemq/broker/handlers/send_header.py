@@ -13,30 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
 
-from tidemq.protocol.headers import SendMessageRequestHeader
-
-# The wire names in SendMessageRequestHeader's field order: V1 (long) and V2 (letters).
-_V1: Final = (
-    "producerGroup",
-    "topic",
-    "defaultTopic",
-    "defaultTopicQueueNums",
-    "queueId",
-    "sysFlag",
-    "bornTimestamp",
-    "flag",
-    "properties",
-    "reconsumeTimes",
-    "unitMode",
-    "maxReconsumeTimes",
-    "batch",
-    "bname",
-)
-_V2: Final = tuple("abcdefghijklmn")
-# Decimal figures that always fit a Java long (as protocol._fields' plain path).
-_DIGITS_MAX: Final = 18
+from tidemq.protocol.headers import PLAIN_DIGITS_MAX, SendMessageRequestHeader
+from tidemq.protocol.headers_send import SEND_V1_KEYS, SEND_V2_KEYS
 
 
 @dataclass(slots=True)
@@ -65,7 +44,7 @@ def parse_send_header(fields: Mapping[str, str]) -> SendHeader:
     Raises:
         ProtocolError: a field is missing or malformed (from the careful parser).
     """
-    keys = _V2 if "a" in fields and "producerGroup" not in fields else _V1
+    keys = SEND_V2_KEYS if "a" in fields and "producerGroup" not in fields else SEND_V1_KEYS
     get = fields.get
     group, topic, default_topic = get(keys[0]), get(keys[1]), get(keys[2])
     nums, queue_id, sys_flag = get(keys[3]), get(keys[4]), get(keys[5])
@@ -81,12 +60,12 @@ def parse_send_header(fields: Mapping[str, str]) -> SendHeader:
         and sys_flag is not None
         and born is not None
         and flag is not None
-        and 0 < len(nums) <= _DIGITS_MAX
-        and 0 < len(queue_id) <= _DIGITS_MAX
-        and 0 < len(sys_flag) <= _DIGITS_MAX
-        and 0 < len(born) <= _DIGITS_MAX
-        and 0 < len(flag) <= _DIGITS_MAX
-        and len(reconsume) <= _DIGITS_MAX
+        and 0 < len(nums) <= PLAIN_DIGITS_MAX
+        and 0 < len(queue_id) <= PLAIN_DIGITS_MAX
+        and 0 < len(sys_flag) <= PLAIN_DIGITS_MAX
+        and 0 < len(born) <= PLAIN_DIGITS_MAX
+        and 0 < len(flag) <= PLAIN_DIGITS_MAX
+        and len(reconsume) <= PLAIN_DIGITS_MAX
         and keys[11] not in fields
         and (digits := nums + queue_id + sys_flag + born + flag + reconsume).isdigit()
         and digits.isascii()
