@@ -36,7 +36,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from tidemq.broker.service import cancel_and_wait, wait_woken
+from tidemq.broker.service import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +68,13 @@ class FlushService:
         self._waiters: list[tuple[int, FlushCallback, float]] = []
         # One timer for the oldest waiter, not one per waiter (one wait per sync send).
         self._expiry: asyncio.TimerHandle | None = None
-        self._wake = asyncio.Event()
         # SYNC: the round thread, set by the loop when a waiter arrives, cleared by the thread
         # before it captures the log's end (a waiter kicking after that gets the next round).
         self._kick = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # The full flush every interval, in both modes.
         self._task: asyncio.Task[None] | None = None
-        self._full_task: asyncio.Task[None] | None = None
         self._flushed_offset = 0
         self.flush_count = 0
 
@@ -97,16 +96,12 @@ class FlushService:
                 target=self._run_rounds, args=(loop,), name="flush-service-rounds", daemon=True
             )
             self._thread.start()
-            self._full_task = loop.create_task(self._run_full(), name="flush-service-full")
-        else:
-            self._task = loop.create_task(self._run(), name="flush-service")
+        self._task = loop.create_task(self._run(), name="flush-service")
 
     async def stop(self) -> None:
         """Stop the loops and run one last flush, releasing every waiter it covers."""
         task, self._task = self._task, None
-        full_task, self._full_task = self._full_task, None
         await cancel_and_wait(task)
-        await cancel_and_wait(full_task)
         thread, self._thread = self._thread, None
         if thread is not None:
             self._stopping = True
@@ -178,16 +173,9 @@ class FlushService:
             _call(waiter[1], False)
         self._arm_expiry(loop)
 
-    async def _run(self) -> None:
-        # ASYNC: a full flush every interval.
-        while True:
-            await wait_woken(self._wake, self._interval_s)
-            self._wake.clear()
-            await self._flush_once()
-
     def _run_rounds(self, loop: asyncio.AbstractEventLoop) -> None:
         # SYNC, on its own thread: a group-commit round of the log alone each time it is kicked
-        # (back to back while waiters keep coming); _run_full does the rest beside them. The
+        # (back to back while waiters keep coming); _run does the rest beside them. The
         # interval wake-up retries a failed round for the waiters it left.
         kick = self._kick
         while True:
@@ -209,7 +197,8 @@ class FlushService:
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 return
 
-    async def _run_full(self) -> None:
+    async def _run(self) -> None:
+        # Both modes: a full flush every interval (in SYNC, beside the rounds).
         while True:
             await asyncio.sleep(self._interval_s)
             await self._flush_once()

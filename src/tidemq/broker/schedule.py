@@ -84,7 +84,8 @@ class TimerParking(Protocol):
 
 def restore_real(stored: rec.StoredMessage) -> MessageToStore:
     """The message to store in REAL_TOPIC / REAL_QID once a parked message is due."""
-    props = decode_properties(rec.strip_crc_property(stored.properties))
+    # The store's own properties (CRC, tags code) are dropped by message_from_stored.
+    props = decode_properties(stored.properties)
     topic = props.get(REAL_TOPIC, "")
     qid = props.get(REAL_QID, "").strip()
     if not topic or not qid.isdigit():
@@ -92,7 +93,6 @@ def restore_real(stored: rec.StoredMessage) -> MessageToStore:
             f"parked message at {stored.physical_offset} lacks {REAL_TOPIC}/{REAL_QID}"
         )
     props.pop(DELAY, None)
-    props.pop(TAGS_CODE_PROPERTY, None)
     for name in TIMER_PROPERTIES:
         props.pop(name, None)
     return message_from_stored(
