@@ -152,6 +152,15 @@ async def test_blocked_request_does_not_block_others(
     assert (await held).ext_fields == {"which": "blocked"}
 
 
+async def _read_frames(reader: asyncio.StreamReader) -> list[RemotingCommand]:
+    """The frames of a raw socket's reads, from the first read that completes one."""
+    decoder = FrameDecoder()
+    frames: list[RemotingCommand] = []
+    while not frames:
+        frames += decoder.feed(await reader.read(65536))
+    return frames
+
+
 async def test_oneway_gets_no_response(
     harness: Harness, server: RemotingServer, client: RemotingClient
 ) -> None:
@@ -163,11 +172,7 @@ async def test_oneway_gets_no_response(
     writer.write(encode(RemotingCommand(code=RECORD, opaque=7, flag=FLAG_ONEWAY)))
     writer.write(encode(RemotingCommand(code=ECHO, opaque=8)))
     await writer.drain()
-    decoder = FrameDecoder()
-    frames: list[RemotingCommand] = []
-    while not frames:
-        frames += decoder.feed(await reader.read(65536))
-    assert [f.opaque for f in frames] == [8]
+    assert [f.opaque for f in await _read_frames(reader)] == [8]
     writer.close()
     await writer.wait_closed()
 
@@ -220,11 +225,7 @@ async def test_deferred_answers_stay_in_flight_until_sent(
     for _ in range(2):
         conn, request = await harness.deferred.get()
         conn.respond(request, request.response(ResponseCode.SUCCESS))
-    decoder = FrameDecoder()
-    frames: list[RemotingCommand] = []
-    while not frames:
-        frames += decoder.feed(await reader.read(65536))
-    assert [f.opaque for f in frames] == [8]
+    assert [f.opaque for f in await _read_frames(reader)] == [8]
     writer.close()
     await writer.wait_closed()
     # A closed connection drops the answer.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,3 +115,20 @@ def bodies(store: FileMessageStore, topic: str = "T", queue_id: int = 0) -> list
 
 
 Fill = Callable[..., list[int]]
+
+
+def fail_second_segment(store: FileMessageStore, monkeypatch: pytest.MonkeyPatch, err: int) -> None:
+    """Make the store's second `segment_for` call raise OSError(`err`): the rollover to the
+    second segment fails, after the first run is written."""
+    log = store._log
+    real = log.segment_for
+    calls = 0
+
+    def failing_segment_for(size: int) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError(err, "injected")
+        return real(size)
+
+    monkeypatch.setattr(log, "segment_for", failing_segment_for)

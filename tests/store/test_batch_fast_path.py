@@ -5,12 +5,11 @@ commit-log, consume-queue and index-file rollovers, and dispatch must match too.
 from __future__ import annotations
 
 import errno
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_helpers import Opener
+from store_helpers import Opener, fail_second_segment
 
 from tidemq.protocol import record as rec
 from tidemq.protocol.message import SysFlag, decode_properties, tag_code
@@ -138,18 +137,7 @@ def test_io_error_in_a_later_segment_keeps_earlier_runs_dispatched(
     opener: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = opener.open()
-    log = store._log  # the seam: fail the rollover to the second segment
-    real = log.segment_for
-    calls = 0
-
-    def failing_segment_for(size: int) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 2:
-            raise OSError(errno.EIO, "injected")
-        return real(size)
-
-    monkeypatch.setattr(log, "segment_for", failing_segment_for)
+    fail_second_segment(store, monkeypatch, errno.EIO)
     batch = _messages([(b"x" * 600, {"UNIQ_KEY": f"u{n}"}, 0, False, 0) for n in range(12)])
     results = store.put_messages(batch)
     written = [r for r in results if r.ok]

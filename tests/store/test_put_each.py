@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_helpers import Opener, message
+from store_helpers import Opener, fail_second_segment, message
 
 from tidemq.protocol import record as rec
 from tidemq.protocol.message import SysFlag
@@ -161,18 +161,7 @@ def test_a_store_that_is_not_writable_refuses_all(opener: Opener) -> None:
 
 def test_io_error_fails_the_rest_only(opener: Opener, monkeypatch: pytest.MonkeyPatch) -> None:
     store: FileMessageStore = opener.open()
-    log = store._log  # the seam: fail the rollover to the second segment
-    real = log.segment_for
-    calls = 0
-
-    def failing_segment_for(size: int) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 2:
-            raise OSError(errno.ENOSPC, "injected")
-        return real(size)
-
-    monkeypatch.setattr(log, "segment_for", failing_segment_for)
+    fail_second_segment(store, monkeypatch, errno.ENOSPC)
     msgs = [message(n, body=b"y" * 600, queue_id=n % 2) for n in range(12)]
     results = store.put_each(msgs)
     written = [r for r in results if r.ok]
