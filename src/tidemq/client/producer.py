@@ -123,7 +123,7 @@ class Producer:
         self._timeouts = SendTimeouts(self._on_send_expired)
         self._on_response = self._on_send_response  # bound once, not per send
         self._on_failure = self._on_send_failure
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[SendResult]] = set()
         self._idle: asyncio.Future[None] | None = None
         self._started = False
         self._closed = False
@@ -316,52 +316,47 @@ class Producer:
                 queue = chosen  # chosen once: a selector is not asked twice
         prepared = PreparedMessage(parts[0], parts[1], parts[2], message.flag, parts[3])
         self._spawn(
-            self._send_slowly(future, message, prepared, queue, selector, arg, sharding_key),
+            self._send_slowly(message, prepared, queue, selector, arg, sharding_key),
             future,
         )
         return future
 
     async def _send_slowly(
         self,
-        future: asyncio.Future[SendResult],
         message: Message,
         prepared: PreparedMessage,
         queue: MessageQueue | None,
         selector: QueueSelector | None,
         arg: Any,
         sharding_key: str | None,
-    ) -> None:
+    ) -> SendResult:
         """The coroutine path of send_nowait: route lookup or connect first (see the docstring)."""
         topic = message.topic
-        try:
-            if queue is None and selector is None and sharding_key is None:
-                result = await self._send_with_retries(topic, prepared)
-            else:
-                info = await self.publish_info(topic)  # also learns the brokers' addresses
-                if queue is None:
-                    queue = explicit_queue(info.queues, message, selector, arg, sharding_key)
-                deadline = self._clock.monotonic_ms() + self.send_timeout_ms
-                result = await self._send_once(
-                    topic, queue, prepared, deadline, code=RequestCode.SEND_MESSAGE_V2
-                )
-        except Exception as exc:
-            if not future.done():
-                future.set_exception(exc)
-        else:
-            if not future.done():
-                future.set_result(result)
+        if queue is None and selector is None and sharding_key is None:
+            return await self._send_with_retries(topic, prepared)
+        info = await self.publish_info(topic)  # also learns the brokers' addresses
+        if queue is None:
+            queue = explicit_queue(info.queues, message, selector, arg, sharding_key)
+        deadline = self._clock.monotonic_ms() + self.send_timeout_ms
+        return await self._send_once(
+            topic, queue, prepared, deadline, code=RequestCode.SEND_MESSAGE_V2
+        )
 
     def _spawn(
-        self, coroutine: Coroutine[Any, Any, None], future: asyncio.Future[SendResult]
+        self, coroutine: Coroutine[Any, Any, SendResult], future: asyncio.Future[SendResult]
     ) -> None:
-        """Run the coroutine path of a send as a task; cancelling `future` (a cancelled `send`)
-        cancels it, as it would have cancelled the send's own coroutine."""
+        """Run the coroutine path of a send as a task that hands its result or exception to
+        `future`; cancelling `future` (a cancelled `send`) cancels it, as it would have cancelled
+        the send's own coroutine."""
+        # The task is the coroutine itself (not a wrapper awaiting it): a task cancelled before
+        # its first step then closes the coroutine instead of leaving it never awaited.
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
+        task.add_done_callback(lambda done: _settle(done, future))
         task.add_done_callback(self._task_done)
         future.add_done_callback(lambda done: task.cancel() if done.cancelled() else None)
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
+    def _task_done(self, task: asyncio.Task[SendResult]) -> None:
         self._tasks.discard(task)
         self._wake_shutdown()
 
@@ -444,29 +439,19 @@ class Producer:
         if future.done():
             pass
         elif retry and self.retry_times > 0 and now < waiter.deadline_ms:
-            self._spawn(self._retry(waiter, exc), future)
-        else:
-            future.set_exception(exc)
-        if self._idle is not None:
-            self._wake_shutdown()
-
-    async def _retry(self, waiter: SendWaiter, first_error: Exception) -> None:
-        future = waiter.future
-        try:
-            result = await self._send_with_retries(
+            retry_send = self._send_with_retries(
                 waiter.topic,
                 waiter.prepared(),
                 deadline_ms=waiter.deadline_ms,
                 attempts_made=1,
-                last_failed=waiter.queue.broker_name,
-                last_error=first_error,
+                last_failed=queue.broker_name,
+                last_error=exc,
             )
-        except Exception as exc:
-            if not future.done():
-                future.set_exception(exc)
+            self._spawn(retry_send, future)
         else:
-            if not future.done():
-                future.set_result(result)
+            future.set_exception(exc)
+        if self._idle is not None:
+            self._wake_shutdown()
 
     async def send_oneway(self, message: Message) -> None:
         """Fire and forget: one attempt, no answer awaited (the write is)."""
@@ -598,3 +583,15 @@ class Producer:
             self._group,
             header.msg_id,
         )
+
+
+def _settle(task: asyncio.Task[SendResult], future: asyncio.Future[SendResult]) -> None:
+    """Complete `future` with the outcome of the send's coroutine path, `task` (unless the
+    caller already ended it; a cancelled task leaves it as it is)."""
+    if future.done() or task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(task.result())

@@ -26,7 +26,7 @@ from typing import Final
 import orjson
 
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.handlers.common import Refusal, guarded
+from tidemq.broker.handlers.common import PUT_STATUS_CODES, Refusal, guarded
 from tidemq.broker.transaction.batch import (
     BATCH_TXNS_MAX,
     BatchOutcome,
@@ -39,16 +39,10 @@ from tidemq.protocol.headers import EndBatchRequestHeader
 from tidemq.protocol.message import SysFlag
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
-from tidemq.store.types import PutStatus
 
 log = logging.getLogger(__name__)
 
 _OUTCOMES: Final = {SysFlag.COMMIT: BatchOutcome.COMMIT, SysFlag.ROLLBACK: BatchOutcome.ROLLBACK}
-_PUT_STATUS_CODES: Final = {
-    PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
-    PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
-    PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
-}
 
 WaitFlushed = Callable[[int], Awaitable[bool]]
 
@@ -111,7 +105,7 @@ class EndBatchHandler:
             raise Refusal(ResponseCode.TRANSACTION_FAILED, str(exc)) from None
         if result.failure is not None:
             raise Refusal(
-                _PUT_STATUS_CODES.get(result.failure.status, ResponseCode.SYSTEM_ERROR),
+                PUT_STATUS_CODES.get(result.failure.status, ResponseCode.SYSTEM_ERROR),
                 f"end batch not stored: {result.failure.status.value} "
                 f"{result.failure.error}".rstrip(),
             )

@@ -41,6 +41,7 @@ resolved, so it commits nothing new either).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import logging
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ import orjson
 
 from tidemq.broker.transaction import half as hm
 from tidemq.broker.transaction.resolution import (
+    EndResult,
     TransactionForgotten,
     TransactionResolver,
     scan_queue,
@@ -328,14 +330,7 @@ class SinkBatchResolver:
             if state is not None and state.committed is not None:
                 if txns != state.committed:
                     log.warning("%s committed again with other txns; the record holds", what)
-                result = self._finish(sink_id, batch_id)
-                return BatchEndResult(
-                    already_committed=True,
-                    committed=result.committed,
-                    rolled_back=result.rolled_back,
-                    durable_end=result.durable_end,
-                    failure=result.failure,
-                )
+                return dataclasses.replace(self._finish(sink_id, batch_id), already_committed=True)
             if state is not None and state.closed:
                 raise BatchRefused(f"COMMIT refused: {what} was rolled back for good")
             if state is not None and txns & state.rolled_back:
@@ -358,11 +353,8 @@ class SinkBatchResolver:
             return BatchEndResult(failure=put)
         self.index.apply(record)
         result = self._finish(sink_id, batch_id)
-        return BatchEndResult(
-            committed=result.committed,
-            rolled_back=result.rolled_back,
-            durable_end=max(result.durable_end, put.physical_offset + put.size),
-            failure=result.failure,
+        return dataclasses.replace(
+            result, durable_end=max(result.durable_end, put.physical_offset + put.size)
         )
 
     def _finish(self, sink_id: str, batch_id: int) -> BatchEndResult:
@@ -405,7 +397,9 @@ class SinkBatchResolver:
             return TxInput.ROLLBACK
         return None
 
-    def _resolve(self, half: rec.StoredMessage, tx_input: TxInput) -> ResolveOutcome | None:
+    def _resolve(self, half: rec.StoredMessage, tx_input: TxInput) -> EndResult | None:
+        """The resolver's result (a store refusal in `failure` keeps the half indexed, to be
+        tried again); None when the ledger refused the answer."""
         origin = hm.origin_of(half)
         try:
             result = self._resolver.end(half, tx_input)
@@ -413,10 +407,9 @@ class SinkBatchResolver:
             log.error("sink half %d not resolved (%s): %s", origin, tx_input.value, exc)
             self.index.forget(origin)
             return None
-        if result.failure is not None:
-            return ResolveOutcome(failure=result.failure)
-        self.index.forget(origin)
-        return ResolveOutcome(stored=result.stored)
+        if result.failure is None:
+            self.index.forget(origin)
+        return result
 
     # -- orphans (check-back) -------------------------------------------------------------------
 
@@ -466,7 +459,7 @@ class SinkBatchResolver:
         for entry in self._resolver.ledger.pending_list():
             half = self._resolver.load_half(entry.physical_offset)
             if half is not None:
-                self.on_prepare(hm.origin_of(half), half.property_map())
+                self.on_prepare(entry.origin, half.property_map())
         finished = 0
         for sink_id, batch_id in self.index.pending_batches():
             result = self._finish(sink_id, batch_id)
@@ -478,9 +471,3 @@ class SinkBatchResolver:
             self.index.pending_count,
             finished,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class ResolveOutcome:
-    stored: PutResult | None = None
-    failure: PutResult | None = None

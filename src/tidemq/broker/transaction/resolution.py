@@ -11,11 +11,11 @@ it (IllegalStateTransition, refused).
 
 Answers come one by one (`end`) or as the batch of one loop turn (`end_many`, what the
 END_TRANSACTION handler collects from oneway requests). A batch is applied as the same answers
-one by one would be, but stores less: the real messages of its commits with one store call per
-queue, then one op message per outcome whose body lists every origin ("17,18,19,", the 5.x batch
-form). Two store calls, not one, because a store call takes one queue; the order is what makes it
-safe: the commit log keeps a prefix after a crash, so an op on disk means its real messages are
-too, and a real message whose op was lost is found by step 3 below.
+one by one would be, but stores less: the real messages of its commits with one store call
+(`put_each`, any queues), then one op message per outcome whose body lists every origin
+("17,18,19,", the 5.x batch form). The order is what makes it safe: the commit log keeps a prefix
+after a crash, so an op on disk means its real messages are too, and a real message whose op was
+lost is found by step 3 below.
 
 Rebuilt at start from the store alone (`rebuild`):
 
