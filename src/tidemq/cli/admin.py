@@ -10,13 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from tidemq.cli import dlq
+from tidemq.cli.table import print_table
 from tidemq.errors import QueueError
-
-Printer = Callable[[str], None]
 
 
 def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
@@ -115,14 +113,6 @@ def _fail(error: QueueError) -> int:
     return 1
 
 
-def _table(rows: list[list[str]], out: Printer = print) -> None:
-    if not rows:
-        return
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        out("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-
-
 def run_topic_create(args: argparse.Namespace) -> int:
     try:
         with _admin(args) as admin:
@@ -173,7 +163,7 @@ def run_topic_route(args: argparse.Namespace) -> int:
                 str(queue.perm),
             ]
         )
-    _table(rows)
+    print_table(rows)
     return 0
 
 
@@ -194,7 +184,7 @@ def run_topic_stats(args: argparse.Namespace) -> int:
                 _when(offset.last_update_timestamp),
             ]
         )
-    _table(rows)
+    print_table(rows)
     return 0
 
 
@@ -210,7 +200,7 @@ def run_cluster_list(args: argparse.Namespace) -> int:
             broker = info.broker_addr_table.get(name)
             for broker_id, addr in sorted(broker.broker_addrs.items()) if broker else []:
                 rows.append([cluster, name, str(broker_id), addr])
-    _table(rows)
+    print_table(rows)
     return 0
 
 
@@ -324,7 +314,7 @@ def run_group_progress(args: argparse.Namespace) -> int:
                 str(lag),
             ]
         )
-    _table(rows)
+    print_table(rows)
     print(f"total lag: {total}")
     return 0
 

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
+from tidemq.cli.table import print_table
 from tidemq.client import api
 from tidemq.client.admin import Admin
 from tidemq.client.message import Message, MessageExt, PullStatus
@@ -113,12 +114,6 @@ def _common(parser: argparse.ArgumentParser, namesrv_default: str) -> argparse.A
     )
     parser.add_argument("-g", "--group", required=True, help="consumer group")
     return parser
-
-
-def _table(rows: list[list[str]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
@@ -225,7 +220,7 @@ async def _list(args: argparse.Namespace) -> int:
                 body.replace("\n", " "),
             ]
         )
-    _table(rows)
+    print_table(rows)
     print(f"{len(letters)} dead letter(s) shown")
     return 0
 
@@ -325,7 +320,7 @@ async def _reset(args: argparse.Namespace) -> int:
             old = await api.query_consumer_offset(instance, args.group, queue)
             await api.update_consumer_offset(instance, args.group, queue, offset)
             rows.append([queue.broker_name, str(queue.queue_id), str(old), str(offset)])
-    _table(rows)
+    print_table(rows)
     return 0
 
 

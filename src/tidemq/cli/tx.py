@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from tidemq.cli.table import print_table
 from tidemq.client.admin import Admin
 from tidemq.errors import QueueError, error_for_code
 from tidemq.protocol.codes import RequestCode, ResponseCode
@@ -65,12 +66,6 @@ async def _ask(args: argparse.Namespace, code: int, fields: dict[str, str]) -> l
         return answers
 
 
-def _table(rows: list[list[str]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-
-
 def _age(ms: int) -> str:
     seconds = ms // 1000
     if seconds < 120:
@@ -103,7 +98,7 @@ def run_tx_list(args: argparse.Namespace) -> int:
                     tx["key"],
                 ]
             )
-    _table(rows)
+    print_table(rows)
     print(f"{total} in flight" + (f" ({shown} shown)" if shown < total else ""))
     return 0
 
@@ -117,5 +112,5 @@ def run_tx_stats(args: argparse.Namespace) -> int:
     rows = [["BROKER", *(title for title, _ in STATS_COLUMNS)]]
     for addr, body in answers:
         rows.append([addr, *(str(body.get(key, 0)) for _, key in STATS_COLUMNS)])
-    _table(rows)
+    print_table(rows)
     return 0

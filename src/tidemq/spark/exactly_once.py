@@ -32,9 +32,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -48,7 +46,7 @@ from pyspark.sql.datasource import (
 )
 
 from tidemq.client.blocking import BlockingAdmin, BlockingProducer
-from tidemq.client.message import SendResult
+from tidemq.client.message import Message
 from tidemq.errors import BrokerError, error_for_code
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
@@ -130,13 +128,12 @@ def send_halves(
     tag: TaskTag,
 ) -> tuple[int, set[str]]:
     """Send every row as a tagged half message; returns (rows, topics written)."""
-    from .sink import batch_to_messages
+    from .sink import SendWindow, batch_to_messages
 
     marks = {TRAN_MSG: "true", PGROUP: options.producer_group, SPARK_TXN: tag.value}
     topics: set[str] = set()
     sent = 0
-    in_flight: deque[Future[SendResult]] = deque()
-    pool = ThreadPoolExecutor(HALF_SENDS_IN_FLIGHT_MAX, thread_name_prefix="tidemq-eos")
+    window: SendWindow[Message] = SendWindow(producer.send, HALF_SENDS_IN_FLIGHT_MAX, "tidemq-eos")
     try:
         for batch in batches:
             for message, sharding_key in batch_to_messages(batch, options.topic):
@@ -147,13 +144,10 @@ def send_halves(
                     # In row order: a key's rows keep their order in its queue.
                     producer.send(message, sharding_key=sharding_key)
                     continue
-                while len(in_flight) >= HALF_SENDS_IN_FLIGHT_MAX:
-                    in_flight.popleft().result()
-                in_flight.append(pool.submit(producer.send, message))
-        while in_flight:
-            in_flight.popleft().result()
+                window.submit(message)
+        window.wait_all()
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        window.close()
     return sent, topics
 
 

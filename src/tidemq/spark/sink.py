@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -42,6 +42,8 @@ from .exactly_once import TideMQEosStreamWriter, TideMQEosWriter
 from .options import SinkOptions, parse_sink_options
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _STRING_COLUMNS = ("topic", "tags", "keys", "shardingKey")
 # Batch sends one write task keeps in flight: enough to hide the broker's round trip, few enough
@@ -151,28 +153,35 @@ def batch_to_messages(
         )
 
 
-class _BatchWindow:
-    """Up to `window` SEND_BATCH_MESSAGEs in flight from one task (the blocking producer is
-    thread-safe and pipelines concurrent sends on one connection); `drain` waits for all and
-    re-raises the first failure, which fails the task so Spark retries it."""
+class SendWindow(Generic[T]):
+    """Up to `window` calls of `send` in flight from one task (the blocking producer is
+    thread-safe and pipelines concurrent sends on one connection). `wait_all` waits for all and
+    re-raises the first failure, which fails the task so Spark retries it; `close` cancels what
+    has not started."""
 
-    def __init__(self, producer: BlockingProducer, window: int) -> None:
-        self._producer = producer
+    def __init__(self, send: Callable[[T], object], window: int, thread_name_prefix: str) -> None:
+        self._send = send
         self._window = window
-        self._pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="tidemq-sink")
+        self._pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix=thread_name_prefix)
         self._in_flight: deque[Future[object]] = deque()
 
-    def submit(self, messages: list[Message]) -> None:
+    def submit(self, item: T) -> None:
         while len(self._in_flight) >= self._window:
             self._in_flight.popleft().result()
-        self._in_flight.append(self._pool.submit(self._producer.send_batch, messages))
+        self._in_flight.append(self._pool.submit(self._send, item))
+
+    def wait_all(self) -> None:
+        while self._in_flight:
+            self._in_flight.popleft().result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def drain(self) -> None:
         try:
-            while self._in_flight:
-                self._in_flight.popleft().result()
+            self.wait_all()
         finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self.close()
 
 
 def send_all(
@@ -182,7 +191,7 @@ def send_all(
     (in row order: a key's rows keep their order in its queue)."""
     sent = 0
     pending: dict[str, list[Message]] = {}
-    window = _BatchWindow(producer, SEND_BATCHES_IN_FLIGHT_MAX)
+    window = SendWindow(producer.send_batch, SEND_BATCHES_IN_FLIGHT_MAX, "tidemq-sink")
     try:
         for batch in batches:
             for message, sharding_key in batch_to_messages(batch, options.topic):
