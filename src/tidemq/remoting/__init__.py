@@ -6,14 +6,20 @@ to requests by opaque and runs inbound requests as tasks.
 
 from __future__ import annotations
 
-from tidemq.remoting.client import RemotingClient, parse_address
-from tidemq.remoting.connection import IN_FLIGHT_MAX, Connection, normalise_host
+from tidemq.remoting.address import normalise_host, parse_address
+from tidemq.remoting.client import RemotingClient
+from tidemq.remoting.connection import (
+    IN_FLIGHT_MAX,
+    TURN_BUDGET,
+    Connection,
+)
 from tidemq.remoting.handlers import Handler, HandlerTable, RequestHook
 from tidemq.remoting.loop import install_uvloop
 from tidemq.remoting.server import RemotingServer
 
 __all__ = [
     "IN_FLIGHT_MAX",
+    "TURN_BUDGET",
     "Connection",
     "Handler",
     "HandlerTable",

@@ -16,30 +16,14 @@ from tidemq.clock import Clock, SystemClock
 from tidemq.errors import ClientClosedError, ConnectionClosedError
 from tidemq.limits import FRAME_SIZE_MAX
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.remoting.connection import Connection, connection_protocol
+from tidemq.remoting.address import parse_address
+from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 
 logger = logging.getLogger(__name__)
 
 # As RocketMQ's connectTimeoutMillis.
 CONNECT_TIMEOUT_MS_DEFAULT: Final = 3_000
-
-
-def parse_address(addr: str) -> tuple[str, int]:
-    """Split "host:port" (or "[v6]:port") into its parts.
-
-    Raises:
-        ValueError: no port, or a port that is not a number in 1..65535.
-    """
-    host, sep, port_text = addr.strip().rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"address {addr!r} is not host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    port = int(port_text)
-    if not 0 < port < 65536:
-        raise ValueError(f"address {addr!r} has port {port} out of range")
-    return host, port
 
 
 class RemotingClient:
@@ -139,7 +123,7 @@ class RemotingClient:
         )
         try:
             async with asyncio.timeout(self._connect_timeout_ms / 1000):
-                await loop.create_connection(lambda: connection_protocol(connection), host, port)
+                await loop.create_connection(lambda: connection, host, port)
         except TimeoutError:
             raise ConnectionClosedError(
                 f"connect to {addr} timed out after {self._connect_timeout_ms} ms"

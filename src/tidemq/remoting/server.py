@@ -16,7 +16,7 @@ from typing import Final
 
 from tidemq.clock import Clock, SystemClock
 from tidemq.limits import FRAME_SIZE_MAX
-from tidemq.remoting.connection import Connection, connection_protocol
+from tidemq.remoting.connection import TURN_BUDGET, Connection
 from tidemq.remoting.handlers import HandlerTable, RequestHook
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,11 @@ ConnectionListener = Callable[[Connection], None]
 
 
 class RemotingServer:
-    """Serve `handlers` on `host`:`port` (0 picks a free port) and on each of `extra_ports`."""
+    """Serve `handlers` on `host`:`port` (0 picks a free port) and on each of `extra_ports`.
+
+    `turn_budget`: how much of one read a connection starts in the iteration that read it
+    (None: all of it); see remoting/connection.py.
+    """
 
     def __init__(
         self,
@@ -45,6 +49,7 @@ class RemotingServer:
         idle_timeout_ms: int = IDLE_TIMEOUT_MS_DEFAULT,
         extra_ports: Sequence[int] = (),
         clock: Clock | None = None,
+        turn_budget: int | None = TURN_BUDGET,
     ) -> None:
         assert idle_timeout_ms > 0
         self._handlers = handlers
@@ -55,6 +60,7 @@ class RemotingServer:
         self._frame_size_max = frame_size_max
         self._request_hook = request_hook
         self._idle_timeout_ms = idle_timeout_ms
+        self._turn_budget = turn_budget
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._servers: list[asyncio.Server] = []
         self._ports: list[int] = []
@@ -135,14 +141,16 @@ class RemotingServer:
             await server.wait_closed()
 
     def _new_protocol(self) -> asyncio.Protocol:
-        connection = Connection(
+        return Connection(
             self._handlers,
             clock=self._clock,
             frame_size_max=self._frame_size_max,
             request_hook=self._request_hook,
             read_while_blocked=False,
+            turn_budget=self._turn_budget,
+            on_open=self._on_open,
+            on_close=self._on_close,
         )
-        return connection_protocol(connection, self._on_open, self._on_close)
 
     def _on_open(self, connection: Connection) -> None:
         self._connections.add(connection)
