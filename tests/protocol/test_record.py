@@ -136,6 +136,12 @@ def test_record_without_crc_property_checks_body_crc_only() -> None:
     assert rec.decode_record(bytes(bad_body), verify_crc=False).body != b"payload"
 
 
+def test_queue_offset_at_reads_the_field_in_place() -> None:
+    a, b = encode(queue_offset=7), encode(queue_offset=2**40 + 3, body=b"")
+    assert rec.queue_offset_at(a) == 7
+    assert rec.queue_offset_at(a + b, len(a)) == 2**40 + 3
+
+
 def test_decode_records_concatenated_and_truncated() -> None:
     a, b = encode(queue_offset=1), encode(queue_offset=2, body=b"")
     assert [m.queue_offset for m in rec.decode_records(a + b)] == [1, 2]

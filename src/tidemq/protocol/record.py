@@ -73,6 +73,7 @@ BLANK_MARKER: Final = RECORD_HEAD  # remaining size, BLANK_MAGIC
 BLANK_MARKER_SIZE: Final = 8
 _TOPIC_LEN: Final = struct.Struct(">b")
 _PROPS_LEN: Final = struct.Struct(">h")
+_QUEUE_OFFSET: Final = struct.Struct(">q")
 
 # 88 header bytes + 1 topic length + 2 properties length.
 RECORD_FIXED_SIZE: Final = 91
@@ -259,6 +260,12 @@ def record_head_at(buf: Buffer, offset: int) -> tuple[int, int]:
         raise CorruptRecordError(f"no record head at {offset}: buffer ends at {len(buf)}")
     size, magic = RECORD_HEAD.unpack_from(buf, offset)
     return size, magic
+
+
+def queue_offset_at(buf: Buffer, offset: int = 0) -> int:
+    """QUEUEOFFSET of the record at `offset`, unchecked: for records the store handed out."""
+    value: int = _QUEUE_OFFSET.unpack_from(buf, offset + QUEUE_OFFSET_POS)[0]
+    return value
 
 
 def record_size_at(buf: Buffer, offset: int = 0) -> int:

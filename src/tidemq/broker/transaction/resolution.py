@@ -35,7 +35,6 @@ The ledger itself, and how its memory is bounded, is ledger.py.
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -106,7 +105,6 @@ END_RUN_MAX: Final = 1_024
 assert END_RUN_MAX <= hm.OP_BODY_OFFSETS_MAX
 
 _FOREVER_MS: Final = 2**62
-_QUEUE_OFFSET: Final = struct.Struct(">q")
 
 
 _OUTCOME_STATES: Final = {
@@ -145,7 +143,7 @@ def scan_records(
         if not result.records:
             return
         for data in result.records:
-            (queue_offset,) = _QUEUE_OFFSET.unpack_from(data, rec.QUEUE_OFFSET_POS)
+            queue_offset = rec.queue_offset_at(data)
             if queue_offset >= end:
                 return
             yield queue_offset, data
