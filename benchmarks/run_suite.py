@@ -8,6 +8,8 @@ repeated `--runs` times; the table quotes medians (min-max) and the foreign CPU.
     python benchmarks/run_suite.py                 # everything, 3 runs (~15 min on 2 cores)
     python benchmarks/run_suite.py --quick         # smoke run, one short run of a few cases
     python benchmarks/run_suite.py --tidemq-only   # no peers (what CI's smoke test runs)
+    python benchmarks/run_suite.py --tidemq-only --cases "latency @500/s" --no-append
+                                                   # only the cases whose names contain it
 
 Peers missing from the machine (`make bench-deps` installs them) are skipped and named.
 """
@@ -47,8 +49,10 @@ PEER_SERVERS: dict[str, tuple[Callable[[Path], Any], tuple[str, ...]]] = {
 class Run:
     """Collects rows; each row is one (case, system) with the median of its runs."""
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, case_filter: tuple[str, ...] = ()) -> None:
         self.options = options
+        # Lower-case parts of case names (--cases); empty: every case.
+        self.case_filter = case_filter
         self.rows: list[dict[str, Any]] = []
         self.versions: dict[str, str] = {}
         self.skipped: list[str] = []
@@ -82,6 +86,11 @@ class Run:
             {k: v for k, v in median.items() if not k.endswith(("_min", "_max"))},
         )
 
+    def wants(self, case: str) -> bool:
+        """Whether the case named `case` runs (always, unless --cases names others)."""
+        name = case.lower()
+        return not self.case_filter or any(part in name for part in self.case_filter)
+
     async def repeat(self, case: Any, *args: Any) -> list[dict[str, Any]]:
         return [await cases.measured(case, *args) for _ in range(self.options.runs)]
 
@@ -99,43 +108,51 @@ async def driver_cases(run: Run, name: str, server: servers.Server, flush: str |
     system = system_name(driver, flush)
     row = {"system": system, "client": driver.client, "durability": driver.durability}
     try:
-        run.add(
-            "produce one at a time",
-            key="rate",
-            runs=await run.repeat(cases.produce_sync, driver, options),
-            **row,
-        )
-        run.add(
-            "produce pipelined (256 in flight)",
-            key="rate",
-            runs=await run.repeat(cases.produce_pipelined, driver, options, 1024),
-            **row,
-        )
-        run.add(
-            "produce batched",
-            key="rate",
-            runs=await run.repeat(cases.produce_batched, driver, options),
-            **{**row, "client": f"{driver.client}; {driver.batch_note}"},
-        )
-        run.add(
-            "consume + commit",
-            key="rate",
-            runs=await run.repeat(cases.consume, driver, options),
-            **row,
-        )
-        for rate in options.latency_rates:
+        if run.wants(case := "produce one at a time"):
             run.add(
-                f"end-to-end latency @{rate}/s",
-                key="e2e",
-                runs=await run.repeat(cases.latency, driver, options, rate),
+                case,
+                key="rate",
+                runs=await run.repeat(cases.produce_sync, driver, options),
                 **row,
             )
+        if run.wants(case := "produce pipelined (256 in flight)"):
+            run.add(
+                case,
+                key="rate",
+                runs=await run.repeat(cases.produce_pipelined, driver, options, 1024),
+                **row,
+            )
+        if run.wants(case := "produce batched"):
+            run.add(
+                case,
+                key="rate",
+                runs=await run.repeat(cases.produce_batched, driver, options),
+                **{**row, "client": f"{driver.client}; {driver.batch_note}"},
+            )
+        if run.wants(case := "consume + commit"):
+            run.add(
+                case,
+                key="rate",
+                runs=await run.repeat(cases.consume, driver, options),
+                **row,
+            )
+        for rate in options.latency_rates:
+            if run.wants(case := f"end-to-end latency @{rate}/s"):
+                run.add(
+                    case,
+                    key="e2e",
+                    runs=await run.repeat(cases.latency, driver, options, rate),
+                    **row,
+                )
         for size in options.sizes:
             if size == 1024:
                 continue  # the pipelined row above
             label = f"{size // 1024} KiB" if size >= 1024 else f"{size} B"
             if size >= 1024 * 1024:
                 label = f"{size // 2**20} MiB"
+            # The window is in the name, but only known after a run: match without it.
+            if not run.wants(f"produce pipelined {label}"):
+                continue
             runs = await run.repeat(cases.produce_pipelined, driver, options, size)
             window = runs[0].get("window", options.window)
             run.add(
@@ -166,7 +183,12 @@ def peer_servers(run: Run, root: Path) -> None:
                     except Exception as exc:  # A peer that fails is reported, not fatal.
                         log.exception("%s failed", flavour)
                         run.skipped.append(f"{flavour} ({type(exc).__name__}: {exc})"[:200])
-                if server_name == "redis" and "redis-always" in selected:
+                capacity_case = "server capacity (50 clients)"
+                if (
+                    server_name == "redis"
+                    and "redis-always" in selected
+                    and run.wants(capacity_case)
+                ):
                     runs = []
                     for _ in range(run.options.runs):
                         try:
@@ -174,7 +196,7 @@ def peer_servers(run: Run, root: Path) -> None:
                         except Exception as exc:
                             runs.append({"error": f"{type(exc).__name__}: {exc}"})
                     run.add(
-                        "server capacity (50 clients)",
+                        capacity_case,
                         "redis-always",
                         "redis-benchmark (C)",
                         "AOF appendfsync always",
@@ -205,21 +227,24 @@ def tidemq_servers(run: Run, root: Path) -> None:
             run.versions["tidemq"] = server.version
             asyncio.run(driver_cases(run, "tidemq", server, flush))
             durability = server.durability
-            run.add(
-                "transactional (half -> local tx -> commit), 256 in flight",
-                system,
-                "tidemq TransactionProducer",
-                durability,
-                "rate",
-                [
-                    asyncio.run(cases.measured(cases.transactions, server.address, options))
-                    for _ in range(options.runs)
-                ],
-            )
+            if run.wants(case := "transactional (half -> local tx -> commit), 256 in flight"):
+                run.add(
+                    case,
+                    system,
+                    "tidemq TransactionProducer",
+                    durability,
+                    "rate",
+                    [
+                        asyncio.run(cases.measured(cases.transactions, server.address, options))
+                        for _ in range(options.runs)
+                    ],
+                )
             for mode, case in (
                 ("sync", "produce one at a time"),
                 ("async", "produce pipelined (256 in flight)"),
             ):
+                if not run.wants(case):
+                    continue
                 runs = []
                 for index in range(options.runs):
                     topic = asyncio.run(_topic(server.address))
@@ -245,13 +270,17 @@ def tidemq_servers(run: Run, root: Path) -> None:
                     comparable=False,
                 )
             for window in (1, 16):
+                case = f"server capacity ({options.capacity_connections} clients" + (
+                    ")" if window == 1 else f" x {window} in flight)"
+                )
+                if not run.wants(case):
+                    continue
                 runs = []
                 for _ in range(options.runs):
                     topic = asyncio.run(_topic(server.address))
                     runs.append(capacity_run(server, topic, options, window))
                 run.add(
-                    f"server capacity ({options.capacity_connections} clients"
-                    + (")" if window == 1 else f" x {window} in flight)"),
+                    case,
                     system,
                     f"raw-frame load generator, {options.capacity_processes} processes",
                     durability,
@@ -259,10 +288,13 @@ def tidemq_servers(run: Run, root: Path) -> None:
                     runs,
                     comparable=window == 1,
                 )
+    rss_case = f"broker RSS, backlog {options.backlog_bytes / 2**30:.2f} GiB"
+    if not run.wants(rss_case):
+        return
     with servers.tidemq(root, "ASYNC_FLUSH") as server:
         result = asyncio.run(cases.measured(cases.broker_rss, server.address, server.pid, options))
         run.add(
-            f"broker RSS, backlog {options.backlog_bytes / 2**30:.2f} GiB",
+            rss_case,
             "tidemq ASYNC_FLUSH",
             "tidemq Producer, 64 KiB bodies",
             server.durability,
@@ -334,7 +366,9 @@ def render(run: Run, machine_figures: dict[str, Any], started: float) -> str:
     rows = [row for row in run.rows if row["key"] != "rss"]
     options = run.options
     parts = [
-        f"## Run {time.strftime('%Y-%m-%d %H:%M:%S %Z')}" + (" (--quick)" if options.quick else ""),
+        f"## Run {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
+        + (" (--quick)" if options.quick else "")
+        + (f" (--cases {','.join(run.case_filter)})" if run.case_filter else ""),
         "",
         f"Machine: {describe_machine()}. Runs per case: {options.runs} (median, min-max); "
         f"each measurement ≤ {options.measure_s} s; 1 KiB bodies unless stated; suite took "
@@ -374,6 +408,12 @@ def main() -> None:
     parser.add_argument("--peers-only", action="store_true", help="skip the TideMQ servers")
     parser.add_argument("--out", type=Path, default=RESULTS, help="Markdown file appended to")
     parser.add_argument("--no-append", action="store_true", help="print only")
+    parser.add_argument(
+        "--cases",
+        default="",
+        help="comma-separated parts of case names (any case whose name contains one runs; "
+        'e.g. "latency @500,capacity"); default: every case',
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     peers = () if args.tidemq_only else tuple(p for p in args.peers.split(",") if p)
@@ -384,7 +424,8 @@ def main() -> None:
     # A terminated suite still stops the servers it started (the context managers' finally).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
-    run = Run(options)
+    case_filter = tuple(part.strip().lower() for part in args.cases.split(",") if part.strip())
+    run = Run(options, case_filter)
     with scratch() as root:
         machine_figures = machine_limits(run, root)
         log.info(

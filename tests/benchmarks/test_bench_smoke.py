@@ -101,3 +101,15 @@ def test_quick_suite_with_peers_runs_without_errors(tmp_path: Path) -> None:
     for system in ("redis", "redis-always", "nats", "rabbitmq", "tidemq SYNC_FLUSH"):
         assert f"| {system} |" in text
     assert "error:" not in text
+
+
+def test_case_filter_selects_by_part_of_the_name() -> None:
+    import run_suite
+
+    everything = run_suite.Run(TINY)
+    assert everything.wants("produce batched")
+    picky = run_suite.Run(TINY, ("latency @500/s", "capacity"))
+    assert picky.wants("end-to-end latency @500/s")
+    assert not picky.wants("end-to-end latency @5000/s")
+    assert picky.wants("server capacity (50 clients x 16 in flight)")
+    assert not picky.wants("produce batched")
