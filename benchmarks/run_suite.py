@@ -412,7 +412,8 @@ def main() -> None:
         "--cases",
         default="",
         help="comma-separated parts of case names (any case whose name contains one runs; "
-        'e.g. "latency @500,capacity"); default: every case',
+        'e.g. "latency @500/s,capacity"; the sized pipelined cases match on their name without '
+        '"(N in flight)", e.g. "pipelined 16 KiB"); default: every case',
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)

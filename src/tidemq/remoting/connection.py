@@ -378,7 +378,11 @@ class Connection(asyncio.Protocol):
             return
         self._turn_limit = self._turn_budget
         transport = self._transport
-        if not self._blocked() and transport is not None and not transport.is_closing():
+        # Not `_blocked()`: over WRITE_BUFFER_BYTES_MAX but not paused, nothing would resume
+        # reading once the buffer is written. New requests then wait in the backlog instead.
+        # Only a server connection whose transport paused writing waits for resume_writing.
+        paused_by_peer = self._paused and not self._read_while_blocked
+        if not paused_by_peer and transport is not None and not transport.is_closing():
             transport.resume_reading()
 
     async def _drain(self) -> None:
