@@ -107,43 +107,20 @@ async def driver_cases(run: Run, name: str, server: servers.Server, flush: str |
     await driver.connect()
     system = system_name(driver, flush)
     row = {"system": system, "client": driver.client, "durability": driver.durability}
+
+    async def measure(case: str, key: str, function: Any, *args: Any, **extra: Any) -> None:
+        if run.wants(case):
+            runs = await run.repeat(function, driver, options, *args)
+            run.add(case, key=key, runs=runs, **{**row, **extra})
+
     try:
-        if run.wants(case := "produce one at a time"):
-            run.add(
-                case,
-                key="rate",
-                runs=await run.repeat(cases.produce_sync, driver, options),
-                **row,
-            )
-        if run.wants(case := "produce pipelined (256 in flight)"):
-            run.add(
-                case,
-                key="rate",
-                runs=await run.repeat(cases.produce_pipelined, driver, options, 1024),
-                **row,
-            )
-        if run.wants(case := "produce batched"):
-            run.add(
-                case,
-                key="rate",
-                runs=await run.repeat(cases.produce_batched, driver, options),
-                **{**row, "client": f"{driver.client}; {driver.batch_note}"},
-            )
-        if run.wants(case := "consume + commit"):
-            run.add(
-                case,
-                key="rate",
-                runs=await run.repeat(cases.consume, driver, options),
-                **row,
-            )
+        await measure("produce one at a time", "rate", cases.produce_sync)
+        await measure("produce pipelined (256 in flight)", "rate", cases.produce_pipelined, 1024)
+        batch_client = f"{driver.client}; {driver.batch_note}"
+        await measure("produce batched", "rate", cases.produce_batched, client=batch_client)
+        await measure("consume + commit", "rate", cases.consume)
         for rate in options.latency_rates:
-            if run.wants(case := f"end-to-end latency @{rate}/s"):
-                run.add(
-                    case,
-                    key="e2e",
-                    runs=await run.repeat(cases.latency, driver, options, rate),
-                    **row,
-                )
+            await measure(f"end-to-end latency @{rate}/s", "e2e", cases.latency, rate)
         for size in options.sizes:
             if size == 1024:
                 continue  # the pipelined row above
