@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from broker_harness import messages, running_broker
@@ -28,6 +29,22 @@ class _Log:
         return self.end
 
 
+@asynccontextmanager
+async def _stuck_sync_service(log: _Log, sync_timeout_ms: float) -> AsyncIterator[FlushService]:
+    """A started SYNC service whose flushes hang until the block ends; then they go on and the
+    service is stopped."""
+    log.gate.clear()
+    service = FlushService(
+        log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=sync_timeout_ms
+    )
+    service.start()
+    try:
+        yield service
+    finally:
+        log.gate.set()
+        await service.stop()
+
+
 async def test_one_flush_serves_many_waiters() -> None:
     log = _Log()
     service = FlushService(log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=5000)
@@ -44,32 +61,23 @@ async def test_one_flush_serves_many_waiters() -> None:
 
 async def test_waiter_times_out_when_the_flush_is_stuck() -> None:
     log = _Log()
-    log.gate.clear()
-    service = FlushService(log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=100)
-    service.start()
-    try:
+    async with _stuck_sync_service(log, sync_timeout_ms=100) as service:
         log.end = 10
         assert await service.wait_flushed(10) is False
-    finally:
-        log.gate.set()
-        await service.stop()
     assert service.flushed_offset == 10
 
 
 async def test_each_waiter_times_out_at_its_own_deadline() -> None:
     # One expiry timer serves all waiters: it fails the due ones and re-arms for the next.
     log = _Log()
-    log.gate.clear()
-    service = FlushService(log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=100)
-    service.start()
     loop = asyncio.get_running_loop()
+    async with _stuck_sync_service(log, sync_timeout_ms=100) as service:
 
-    async def timed_wait(end: int) -> tuple[bool, float]:
-        started = loop.time()
-        flushed = await service.wait_flushed(end)
-        return flushed, loop.time() - started
+        async def timed_wait(end: int) -> tuple[bool, float]:
+            started = loop.time()
+            flushed = await service.wait_flushed(end)
+            return flushed, loop.time() - started
 
-    try:
         log.end = 20
         first = asyncio.ensure_future(timed_wait(10))
         await asyncio.sleep(0.05)  # the second waiter arrives half a timeout later
@@ -78,9 +86,6 @@ async def test_each_waiter_times_out_at_its_own_deadline() -> None:
         assert (ok1, ok2) == (False, False)
         assert waited1 >= 0.09
         assert waited2 >= 0.09
-    finally:
-        log.gate.set()
-        await service.stop()
 
 
 async def test_async_mode_never_waits() -> None:
@@ -136,19 +141,13 @@ async def test_callback_waiters_are_released_by_one_flush() -> None:
 
 async def test_callback_waiter_times_out_and_stop_releases_the_rest() -> None:
     log = _Log()
-    log.gate.clear()
-    service = FlushService(log.flush, sync=True, interval_ms=10_000, sync_timeout_ms=50)
-    service.start()
     released: list[bool] = []
-    try:
+    async with _stuck_sync_service(log, sync_timeout_ms=50) as service:
         log.end = 10
         timed_out = asyncio.get_running_loop().create_future()
         service.on_flushed(10, timed_out.set_result)
         assert await asyncio.wait_for(timed_out, 5) is False
         service.on_flushed(10**6, released.append)  # beyond any flush: released by stop
-    finally:
-        log.gate.set()
-        await service.stop()
     assert released == [False]
 
 

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from tidemq.clock import FakeClock
+from tidemq.protocol import record as rec
 from tidemq.store import FileMessageStore, MessageToStore, StoreConfig
+from tidemq.store.types import PutResult
 
 SEGMENT_BYTES = 4096
 CQ_ENTRIES = 16
@@ -58,6 +60,30 @@ def message(
     for name, value in extra.items():
         setattr(msg, name, value)
     return msg
+
+
+def careful_record(
+    msg: MessageToStore, result: PutResult, queue_offset: int, properties: str | None = None
+) -> bytes:
+    """The record the careful encoder (`protocol.record.encode_record`, one record at a time)
+    makes of `msg` stored as `result` says, at `queue_offset`: the reference the put paths'
+    bytes are compared with. `properties` replaces the message's own (a stored extra)."""
+    return rec.encode_record(
+        topic=msg.topic,
+        queue_id=msg.queue_id,
+        body=msg.body,
+        flag=msg.flag,
+        properties=msg.properties if properties is None else properties,
+        sys_flag=msg.sys_flag,
+        born_timestamp=msg.born_timestamp,
+        born_host=msg.born_host,
+        store_timestamp=result.store_timestamp,
+        store_host=msg.store_host,
+        reconsume_times=msg.reconsume_times,
+        prepared_transaction_offset=0,
+        queue_offset=queue_offset,
+        physical_offset=result.physical_offset,
+    )
 
 
 class Opener:

@@ -9,7 +9,7 @@ import errno
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_helpers import Opener, fail_second_segment
+from store_helpers import Opener, careful_record, fail_second_segment
 
 from tidemq.protocol import record as rec
 from tidemq.protocol.message import SysFlag, decode_properties, tag_code
@@ -73,22 +73,7 @@ def test_batch_records_equal_careful_encoding(
                 SysFlag.PREPARED,
                 SysFlag.ROLLBACK,
             )
-            expected = rec.encode_record(
-                topic=msg.topic,
-                queue_id=msg.queue_id,
-                body=msg.body,
-                flag=msg.flag,
-                properties=msg.properties,
-                sys_flag=msg.sys_flag,
-                born_timestamp=msg.born_timestamp,
-                born_host=msg.born_host,
-                store_timestamp=result.store_timestamp,
-                store_host=msg.store_host,
-                reconsume_times=msg.reconsume_times,
-                prepared_transaction_offset=0,
-                queue_offset=queue_offset if in_queue else 0,
-                physical_offset=result.physical_offset,
-            )
+            expected = careful_record(msg, result, queue_offset if in_queue else 0)
             assert store.read_record(result.physical_offset) == expected
             assert result.queue_offset == (queue_offset if in_queue else 0)
             if in_queue:

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_helpers import Opener, fail_second_segment, message
+from store_helpers import Opener, careful_record, fail_second_segment, message
 
-from tidemq.protocol import record as rec
 from tidemq.protocol.message import SysFlag
 from tidemq.store import FileMessageStore, MessageToStore
 from tidemq.store.types import DispatchEvent, PutStatus
@@ -90,32 +89,18 @@ def test_put_each_leaves_what_single_puts_leave(
     assert grouped_events == single_events
     next_offsets: dict[tuple[str, int], int] = {}
     for msg, result in zip(msgs, got, strict=True):
+        in_queue = msg.sys_flag not in (SysFlag.PREPARED, SysFlag.ROLLBACK)
         queue_offset = 0
-        if msg.sys_flag not in (SysFlag.PREPARED, SysFlag.ROLLBACK):
+        if in_queue:
             queue_offset = next_offsets.get((msg.topic, msg.queue_id), 0)
             next_offsets[(msg.topic, msg.queue_id)] = queue_offset + 1
         properties = msg.properties
         if msg.tags_code is not None:
             properties += f"__TAGSCODE#\x01{msg.tags_code}\x02"
-        record = rec.encode_record(
-            topic=msg.topic,
-            queue_id=msg.queue_id,
-            body=msg.body,
-            flag=msg.flag,
-            properties=properties,
-            sys_flag=msg.sys_flag,
-            born_timestamp=msg.born_timestamp,
-            born_host=msg.born_host,
-            store_timestamp=result.store_timestamp,
-            store_host=msg.store_host,
-            reconsume_times=msg.reconsume_times,
-            prepared_transaction_offset=0,
-            queue_offset=queue_offset,
-            physical_offset=result.physical_offset,
-        )
+        record = careful_record(msg, result, queue_offset, properties)
         assert grouped.read_record(result.physical_offset) == record
         assert result.queue_offset == queue_offset
-        if msg.sys_flag not in (SysFlag.PREPARED, SysFlag.ROLLBACK):
+        if in_queue:
             pulled = grouped.get_messages(msg.topic, msg.queue_id, queue_offset, 1)
             assert pulled.records == [record]
     for (topic, queue_id), count in next_offsets.items():

@@ -16,6 +16,7 @@ from store_helpers import Opener, bodies, message
 from tidemq.protocol.record import decode_record
 from tidemq.store import FileMessageStore, StoreConfig
 from tidemq.store.commit_log import CommitLog, LogScanner
+from tidemq.store.consume_queue import CONSUME_QUEUE_RESIDENT_BYTES
 from tidemq.store.mapped_file import MappedFile, MappedFileQueue
 
 pytestmark = pytest.mark.skipif(
@@ -137,7 +138,7 @@ def test_consume_queue_and_index_files_are_released(opener: Opener) -> None:
     queue_rss = list(segment_rss(root / "consumequeue" / "T" / "0").values())
     assert len(queue_rss) >= 3
     assert queue_rss[:-1] == [0] * (len(queue_rss) - 1)
-    assert queue_rss[-1] <= 16 * 1024 + PAGE
+    assert queue_rss[-1] <= CONSUME_QUEUE_RESIDENT_BYTES + PAGE
     index_rss = list(segment_rss(root / "index").values())
     assert len(index_rss) >= 3
     assert index_rss[:-1] == [0] * (len(index_rss) - 1)

@@ -76,7 +76,6 @@ class FlushService:
         # The full flush every interval, in both modes.
         self._task: asyncio.Task[None] | None = None
         self._flushed_offset = 0
-        self.flush_count = 0
 
     @property
     def sync(self) -> bool:
@@ -214,7 +213,6 @@ class FlushService:
 
     def _release(self, flushed: int) -> None:
         """On the loop: note a flush that reached `flushed`; call back the waiters it covers."""
-        self.flush_count += 1
         self._flushed_offset = flushed_offset = max(self._flushed_offset, flushed)
         released: list[FlushCallback] = []
         remaining: list[tuple[int, FlushCallback, float]] = []

@@ -7,10 +7,11 @@
           index-header update; its dispatch events, in order
 
 Both of the store's put calls come here. `put_messages` checks a batch as a whole (one topic and
-queue, refused whole: a batch request, END_TRANSACTION's commits); `put_each` checks every
-message on its own (any topics and queues, a refusal answers that message only: the single sends
-of one event-loop turn, broker/handlers/send_coalesce.py). A record is the same bytes whichever call
-wrote it, and with whatever neighbours (tests/store/test_put_each.py).
+queue, refused whole: a batch request); `put_each` checks every message on its own (any topics
+and queues, a refusal answers that message only: the single sends of one event-loop turn,
+broker/handlers/send_coalesce.py, and END_TRANSACTION's commits,
+broker/transaction/resolution.py). A record is the same bytes whichever call wrote it, and with
+whatever neighbours (tests/store/test_put_each.py).
 
 A run is dispatched as soon as it is written, so an OSError in a later segment leaves the earlier
 runs written, dispatched and answered.
@@ -23,23 +24,18 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from tidemq.clock import Clock
-from tidemq.protocol import message as props
 from tidemq.protocol import record as rec
 from tidemq.store import dispatch as dsp
 from tidemq.store import put
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import StoreConfig
 from tidemq.store.consume_queue import ConsumeQueue
+from tidemq.store.dispatch import TX_MASK, TX_PREPARED, TX_ROLLBACK
 from tidemq.store.index import IndexService
 from tidemq.store.types import DispatchEvent, MessageToStore, PutResult, PutStatus
 
 logger = logging.getLogger(__name__)
 
-# Transaction type bits of sysFlag (§6.1): PREPARED and ROLLBACK records get no CQ entry, and
-# ROLLBACK records no index entry either.
-_TX_MASK: Final = props.SysFlag.TRANSACTION_MASK
-_TX_PREPARED: Final = props.SysFlag.PREPARED
-_TX_ROLLBACK: Final = props.SysFlag.ROLLBACK
 _SIZE: Final = put.PREPARED_SIZE
 _PUT_OK: Final = PutStatus.PUT_OK
 
@@ -167,8 +163,8 @@ class Appender:
                 item = prepared[i]
                 msg, properties, tags_code, size = item[0], item[2], item[3], item[4]
                 store_ts = msg.store_timestamp if msg.store_timestamp is not None else now_ms
-                tx = msg.sys_flag & _TX_MASK
-                if tx != _TX_PREPARED and tx != _TX_ROLLBACK:
+                tx = msg.sys_flag & TX_MASK
+                if tx != TX_PREPARED and tx != TX_ROLLBACK:
                     if entries is None or msg.queue_id != queue_id or msg.topic != topic:
                         if entries is not None:
                             next_offsets[(topic, queue_id)] = queue_next
@@ -204,7 +200,7 @@ class Appender:
                 else:
                     queue_offset = 0
                 parts += record_parts(item, queue_offset, physical_offset, store_ts)
-                if tx != _TX_ROLLBACK:
+                if tx != TX_ROLLBACK:
                     for index_key in index_keys(properties):
                         index_entries.append(
                             (f"{msg.topic}#{index_key}", physical_offset, store_ts)

@@ -28,7 +28,7 @@ has walked through, so recovering or verifying a long log does not map all of it
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from tidemq.errors import CorruptRecordError
@@ -77,21 +77,9 @@ class CommitLog:
                 break
         return flushed
 
-    def append(self, size: int, encode: Callable[[int], bytes]) -> tuple[int, bytes]:
-        """Append the record of `size` bytes that `encode(physical_offset)` makes.
-
-        Rolls to a new segment (after a blank marker) when it does not fit. The caller has
-        checked `size + BLANK_MARKER_SIZE <= file_size`.
-        """
-        mf = self.segment_for(size)
-        physical_offset = mf.start_offset + mf.wrote
-        data = encode(physical_offset)
-        assert len(data) == size
-        mf.append(data)
-        return physical_offset, data
-
     def segment_for(self, size: int) -> MappedFile:
-        """The segment the next record of `size` bytes is written to, rolling over as `append`.
+        """The segment the next record of `size` bytes is written to: the last one, or a new one
+        after a blank marker when the record does not fit what is left of it.
 
         The caller writes records at its `wrote` position while they leave BLANK_MARKER_SIZE
         bytes free, then lets the next call roll over.

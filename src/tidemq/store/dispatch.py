@@ -16,6 +16,11 @@ logger = logging.getLogger(__name__)
 # Kept in the record when a put names a tags code other than the TAGS hash (e.g. a delay
 # topic's deliver time), so re-dispatch after a crash restores the same consume-queue entry.
 TAGS_CODE_PROPERTY: Final = "__TAGSCODE#"
+# Transaction type bits of sysFlag (§6.1): PREPARED and ROLLBACK records get no consume-queue
+# entry, and ROLLBACK records no index entry either.
+TX_MASK: Final = props.SysFlag.TRANSACTION_MASK
+TX_PREPARED: Final = props.SysFlag.PREPARED
+TX_ROLLBACK: Final = props.SysFlag.ROLLBACK
 
 
 def index_keys(properties: dict[str, str]) -> list[str]:

@@ -240,9 +240,7 @@ class IndexService:
         for index_file in files:
             index_file.mf.flush_all()
         for index_file in files:
-            mf = index_file.mf
-            if mf.released < mf.size or mf.touched_from < mf.size:
-                mf.release(mf.size)
+            index_file.mf.release(index_file.mf.size)
 
     def close(self) -> None:
         for index_file in self.files:

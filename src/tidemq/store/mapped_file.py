@@ -182,6 +182,8 @@ class MappedFile:
         Unless pages were touched or the file is done, nothing happens until at least `step`
         bytes can go (one madvise per step, not one per group-commit flush).
         """
+        if self.released >= self.size and self.touched_from >= self.size:
+            return 0  # all released and nothing touched since: the common case of old files
         end = min(limit, self.flushed)
         if end < self.size:
             end -= end % _PAGE
@@ -339,8 +341,7 @@ class MappedFileQueue:
         step = keep_bytes // 8
         released = 0
         for mf in files:
-            if mf.released < mf.size or mf.touched_from < mf.size:
-                released += mf.release(limit - mf.start_offset, step)
+            released += mf.release(limit - mf.start_offset, step)
         return released
 
     def close(self) -> None:

@@ -51,10 +51,6 @@ from tidemq.store.types import (
 
 logger = logging.getLogger(__name__)
 
-# Transaction type bits of sysFlag (§6.1): PREPARED and ROLLBACK records get no CQ entry.
-_TX_MASK: Final = props.SysFlag.TRANSACTION_MASK
-_TX_PREPARED: Final = props.SysFlag.PREPARED
-_TX_ROLLBACK: Final = props.SysFlag.ROLLBACK
 # A filtered pull reads at most this many consume-queue entries (RocketMQ maxFilterMessageCount).
 GET_SCAN_ENTRIES_MAX: Final = 16_000
 # Disk usage is measured at most this often (a statvfs per put would be wasteful).
@@ -203,46 +199,23 @@ class FileMessageStore:
         per topic in each put, so records nobody wants cost no event at all."""
         self._listeners.append((fn, wants))
 
-    def _dispatch(
-        self,
-        *,
-        topic: str,
-        queue_id: int,
-        queue_offset: int,
-        physical_offset: int,
-        size: int,
-        sys_flag: int,
-        tags_code: int,
-        store_timestamp: int,
-        properties: dict[str, str],
-        index_it: bool,
-    ) -> PutAt | None:
-        """Consume-queue entry and index entries for one record (put and recovery alike)."""
-        tx = sys_flag & _TX_MASK
-        outcome = None
-        if tx not in (_TX_PREPARED, _TX_ROLLBACK):
-            outcome = self._queue(topic, queue_id).put_at(
-                queue_offset, physical_offset, size, tags_code
-            )
-        if index_it and tx != _TX_ROLLBACK:
-            for key in dsp.index_keys(properties):
-                self._index.put(f"{topic}#{key}", physical_offset, store_timestamp)
-        return outcome
-
     def _redispatch(self, message: rec.StoredMessage, index_it: bool) -> PutAt | None:
+        """Recovery's dispatch of one scanned record: its consume-queue entry and (`index_it`)
+        index entries, as the put path (store/append.py) gave them."""
         properties = props.decode_properties(message.properties)
-        return self._dispatch(
-            topic=message.topic,
-            queue_id=message.queue_id,
-            queue_offset=message.queue_offset,
-            physical_offset=message.physical_offset,
-            size=message.total_size,
-            sys_flag=message.sys_flag,
-            tags_code=dsp.tags_code_of(properties),
-            store_timestamp=message.store_timestamp,
-            properties=properties,
-            index_it=index_it,
-        )
+        tags_code = dsp.tags_code_of(properties)
+        tx = message.sys_flag & dsp.TX_MASK
+        outcome = None
+        if tx not in (dsp.TX_PREPARED, dsp.TX_ROLLBACK):
+            outcome = self._queue(message.topic, message.queue_id).put_at(
+                message.queue_offset, message.physical_offset, message.total_size, tags_code
+            )
+        if index_it and tx != dsp.TX_ROLLBACK:
+            for key in dsp.index_keys(properties):
+                self._index.put(
+                    f"{message.topic}#{key}", message.physical_offset, message.store_timestamp
+                )
+        return outcome
 
     # --- put ----------------------------------------------------------------------------------
 
