@@ -45,7 +45,8 @@ from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction.admin import TransactionAdminHandlers
 from tidemq.broker.transaction.batch import SinkBatchResolver
 from tidemq.broker.transaction.check_back import CheckBackConfig, CheckBackService
-from tidemq.broker.transaction.resolution import TransactionLedger, TransactionResolver
+from tidemq.broker.transaction.ledger import TransactionLedger
+from tidemq.broker.transaction.resolution import TransactionResolver
 from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.clock import Clock
 from tidemq.remoting import TURN_BUDGET

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from tidemq.protocol.message import TIMER_DELAY_MS, TIMER_DELAY_SEC, TIMER_DELIVER_MS
+from tidemq.protocol.message import DELAY, TIMER_DELAY_MS, TIMER_DELAY_SEC, TIMER_DELIVER_MS
 
 DELAY_LEVELS_DEFAULT: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 # How far ahead a delivery time may lie (RocketMQ 5's timerMaxDelaySec; its default is 3 days).
@@ -24,6 +24,8 @@ TIMER_MAX_DELAY_SEC_DEFAULT: Final = 7 * 24 * 3600
 DELAY_LEVELS_MAX: Final = 18
 
 TIMER_PROPERTIES: Final = (TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS)
+# The properties that make the DelayRouter park a message (any other passes it through).
+PARKING_PROPERTIES: Final = frozenset((DELAY, *TIMER_PROPERTIES))
 
 _UNIT_MS: Final = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _ITEM: Final = re.compile(r"^([0-9]+)(ms|s|m|h|d)$")

@@ -30,7 +30,7 @@ from typing import Final, Protocol
 
 import orjson
 
-from tidemq.broker.delay_levels import TIMER_PROPERTIES, requested_delivery_ms
+from tidemq.broker.delay_levels import PARKING_PROPERTIES, TIMER_PROPERTIES, requested_delivery_ms
 from tidemq.broker.persist import ConfigWriter, read_optional
 from tidemq.broker.restore import message_from_stored
 from tidemq.broker.service import cancel_and_wait, run_due_loop
@@ -156,7 +156,7 @@ class DelayRouter:
         if tx not in (SysFlag.TRANSACTION_NOT, SysFlag.COMMIT):
             return message
         text = message.properties
-        if DELAY not in text and not any(name in text for name in TIMER_PROPERTIES):
+        if not any(name in text for name in PARKING_PROPERTIES):
             return message
         props = decode_properties(text)
         now = self._clock.now_ms()

@@ -496,12 +496,11 @@ class Producer:
         attempts itself passes its deadline, their count and the last failure."""
         if deadline_ms is None:
             deadline_ms = self._clock.monotonic_ms() + self.send_timeout_ms
-        deadline = deadline_ms
         info = await self.publish_info(topic)
         code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
         for attempt in range(attempts_made, 1 + self.retry_times):
             now = self._clock.monotonic_ms()
-            if now >= deadline:
+            if now >= deadline_ms:
                 break
             queue = select_queue(
                 info.queues,
@@ -511,7 +510,7 @@ class Producer:
                 last_failed_broker=last_failed,
             )
             try:
-                return await self._send_once(topic, queue, prepared, deadline, code=code)
+                return await self._send_once(topic, queue, prepared, deadline_ms, code=code)
             except Exception as exc:
                 if not is_retriable(exc):
                     raise

@@ -34,7 +34,7 @@ from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
 from tidemq.protocol.codes import ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.protocol.headers import SendMessageResponseHeader
+from tidemq.protocol.headers import PLAIN_DIGITS_MAX, SendMessageResponseHeader
 from tidemq.remoting.connection import Connection
 
 from .message import Message, SendResult, SendStatus
@@ -235,14 +235,15 @@ def send_result(
         fields.get("queueId"),
         fields.get("queueOffset"),
     )
-    # One answer per send: the plain form every broker writes (ASCII digits, at most 9 and 18 of
-    # them, so within int32 and int64) is read here; anything else goes to the header's parser.
+    # One answer per send: the plain form every broker writes (ASCII digits, at most 9 and
+    # PLAIN_DIGITS_MAX of them, so within int32 and int64) is read here; anything else goes to
+    # the header's parser.
     if (
         msg_id is not None
         and queue_id_text is not None
         and offset_text is not None
         and 0 < len(queue_id_text) <= 9
-        and 0 < len(offset_text) <= 18
+        and 0 < len(offset_text) <= PLAIN_DIGITS_MAX
         and queue_id_text.isdigit()
         and offset_text.isdigit()
         and (queue_id_text + offset_text).isascii()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import enum
 import inspect
 import logging
@@ -284,18 +285,7 @@ class TransactionProducer(Producer):
         msg_id = properties[pm.UNIQ_KEY]
         properties[pm.TRAN_MSG] = "true"
         properties[pm.PGROUP] = self.group
-        # As dataclasses.replace(message, properties=properties), without its per-call field
-        # introspection (one per transaction).
-        half_message = Message(
-            topic=message.topic,
-            body=message.body,
-            tags=message.tags,
-            keys=message.keys,
-            properties=properties,
-            delay_level=message.delay_level,
-            flag=message.flag,
-            deliver_time_ms=message.deliver_time_ms,
-        )
+        half_message = dataclasses.replace(message, properties=properties)
         # Checked and encoded before the try: an invalid message raises (nothing was sent)
         # rather than being reported as a failed half send. TRAN_MSG makes prepare_parts flag it
         # PREPARED; the send itself is the producer's (its fast path, its retries).

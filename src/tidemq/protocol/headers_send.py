@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntFlag
-from typing import Final, Self, TypeVar
+from typing import Final, Self
 
 from tidemq.limits import PULL_SUSPEND_MS_DEFAULT
 from tidemq.protocol._fields import PLAIN_BOOLS, FieldReader, parse_plain_int, render
@@ -50,6 +50,11 @@ _SEND_NAMES: Final = (
 # The wire names in the header's field order, per spelling (also the broker's send_header.py).
 SEND_V1_KEYS: Final = tuple(v1 for v1, _ in _SEND_NAMES)
 SEND_V2_KEYS: Final = tuple(v2 for _, v2 in _SEND_NAMES)
+
+
+def is_v2_send(fields: Mapping[str, str]) -> bool:
+    """Whether a send header is spelled in V2 letters: "producerGroup" absent, "a" present."""
+    return "a" in fields and "producerGroup" not in fields
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,11 +108,7 @@ class SendMessageRequestHeader:
         The request code does not decide it: C++ sends long names with code 10, Java and ali-ons
         letters with 310/320, and a client could mix them up without harm.
         """
-        v2 = "producerGroup" not in fields and "a" in fields
-        fast = _send_header_fast(cls, fields, SEND_V2_KEYS if v2 else SEND_V1_KEYS)
-        if fast is not None:
-            return fast
-        if v2:
+        if is_v2_send(fields):
             fields = {v1: fields[v2] for v1, v2 in _SEND_NAMES if v2 in fields}
         r = FieldReader(cls.__name__, fields)
         return cls(
@@ -177,56 +178,6 @@ def send_fields_v2(
     if broker_name is not None:
         fields["n"] = broker_name
     return fields
-
-
-_Send = TypeVar("_Send", bound=SendMessageRequestHeader)
-
-
-def _send_header_fast(
-    cls: type[_Send], fields: Mapping[str, str], keys: tuple[str, ...]
-) -> _Send | None:
-    """The send header when every field is in its plain form (what every client sends), else None
-    so that from_fields takes the careful path, which also names what is wrong. One send is parsed
-    per message, so this path avoids FieldReader's per-field calls (remoting.md §4.1)."""
-    get = fields.get
-    group, topic, default_topic = get(keys[0]), get(keys[1]), get(keys[2])
-    if group is None or topic is None or default_topic is None:
-        return None
-    ints: list[int] = []
-    for key in keys[3:8]:  # defaultTopicQueueNums, queueId, sysFlag, bornTimestamp, flag
-        text = get(key)
-        value = None if text is None else parse_plain_int(text)
-        if value is None:
-            return None
-        ints.append(value)
-    reconsume_text, max_text = get(keys[9]) or "0", get(keys[11])
-    reconsume_times = parse_plain_int(reconsume_text)
-    max_reconsume_times = parse_plain_int(max_text) if max_text else None
-    unit_mode = PLAIN_BOOLS.get(get(keys[10]) or "false")
-    batch = PLAIN_BOOLS.get(get(keys[12]) or "false")
-    if (
-        reconsume_times is None
-        or (max_text and max_reconsume_times is None)
-        or unit_mode is None
-        or batch is None
-    ):
-        return None
-    return cls(
-        producer_group=group,
-        topic=topic,
-        default_topic=default_topic,
-        default_topic_queue_nums=ints[0],
-        queue_id=ints[1],
-        sys_flag=ints[2],
-        born_timestamp=ints[3],
-        flag=ints[4],
-        properties=get(keys[8]),
-        reconsume_times=reconsume_times,
-        unit_mode=unit_mode,
-        max_reconsume_times=max_reconsume_times,
-        batch=batch,
-        broker_name=get(keys[13]) or None,
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -400,6 +351,39 @@ class EndTransactionRequestHeader:
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> Self:
+        get = fields.get
+        group, msg_id = get("producerGroup"), get("msgId")
+        table, offset, action = (
+            get("tranStateTableOffset"),
+            get("commitLogOffset"),
+            get("commitOrRollback"),
+        )
+        from_check = PLAIN_BOOLS.get(get("fromTransactionCheck") or "false")
+        if (  # the hot path (one per transaction): what every client sends
+            group is not None
+            and msg_id is not None
+            and from_check is not None
+            and table is not None
+            and offset is not None
+            and action is not None
+            and (table_offset := parse_plain_int(table)) is not None
+            and (log_offset := parse_plain_int(offset)) is not None
+            and (outcome := parse_plain_int(action)) is not None
+        ):
+            return cls(
+                producer_group=group,
+                tran_state_table_offset=table_offset,
+                commit_log_offset=log_offset,
+                commit_or_rollback=outcome,
+                from_transaction_check=from_check,
+                msg_id=msg_id,
+                transaction_id=get("transactionId") or None,
+            )
+        return cls._from_fields_careful(fields)
+
+    @classmethod
+    def _from_fields_careful(cls, fields: Mapping[str, str]) -> Self:
+        """Any spelling FieldReader accepts; names the field that is wrong."""
         r = FieldReader(cls.__name__, fields)
         return cls(
             producer_group=r.req_str("producerGroup"),

@@ -3,12 +3,13 @@
 A connection is symmetric: either side may send requests, and either side answers requests.
 
     inbound bytes ──▶ FrameDecoder ──▶ response? ──▶ future in `_pending[opaque]` (else dropped)
-                                  └──▶ request  ──▶ own task: hook → handler → send_response
+                                  └──▶ request  ──▶ hook → handler → answer (a task if it awaits)
 
-Every inbound request runs as its own task so a handler that awaits (a held long-poll pull, a
-sync-flush wait) never stops the socket from reading; answers may leave out of order, paired by
-opaque. In-flight requests per connection are bounded by IN_FLIGHT_MAX; beyond it the request is
-answered SYSTEM_BUSY at once, as a Java broker does when its executor queue is full.
+Every inbound request starts at once; one that awaits (a held long-poll pull, a sync-flush wait)
+continues as its own task (eager.py), so it never stops the socket from reading. Answers may
+leave out of order, paired by opaque. In-flight requests per connection are bounded by
+IN_FLIGHT_MAX; beyond it the request is answered SYSTEM_BUSY at once, as a Java broker does when
+its executor queue is full.
 
 One read can bring hundreds of pipelined requests. The connection starts the first `turn_budget`
 worth of them at once (a request costs one, plus one per 2 KiB of body) and the rest from a
@@ -220,18 +221,12 @@ class Connection(asyncio.Protocol):
             RequestTimeoutError: no response within `timeout_ms`.
             ConnectionClosedError: the connection closed before the response arrived.
         """
-        if self._closed:
-            raise ConnectionClosedError(f"connection to {self.peer_text} is closed")
-        opaque = self._allocate_opaque()
-        cmd.opaque = opaque
-        cmd.flag &= ~FLAG_RESPONSE
         future: asyncio.Future[RemotingCommand] = self._loop.create_future()
-        self._pending[opaque] = future
+        opaque = self.start_request(cmd, future)
         timer = self._loop.call_later(
             max(timeout_ms, 0) / 1000, self._expire, opaque, cmd.code, timeout_ms
         )
         try:
-            self._write(cmd)
             if self._paused:
                 await self._drain()
             return await future
@@ -278,18 +273,8 @@ class Connection(asyncio.Protocol):
         iteration's other writes. Nothing is sent for a oneway request or on a closed connection.
         """
         self._in_flight -= 1
-        if request.flag & FLAG_ONEWAY:
-            return
-        response.opaque = request.opaque
-        response.serialize_type = request.serialize_type
-        response.flag |= FLAG_RESPONSE
-        if self._closed:
-            logger.debug("dropping response %d to closed %s", response.opaque, self.peer_text)
-            return
-        try:
-            self._write(response)
-        except ProtocolError:
-            logger.exception("cannot encode the response to code %d", request.code)
+        if not request.flag & FLAG_ONEWAY:
+            self._write_answer(request, response)
 
     def respond_frame(self, request: RemotingCommand, frame: bytes) -> None:
         """`respond` with the whole response frame encoded by the caller (from a template: the
@@ -314,6 +299,22 @@ class Connection(asyncio.Protocol):
         self._write(cmd)
         if self._paused:
             await self._drain()
+
+    def _write_answer(self, request: RemotingCommand, response: RemotingCommand) -> bool:
+        """Stamp `response` as the answer to `request` and queue it; False when it is dropped (a
+        closed connection: nobody can receive it; or a response that cannot be encoded)."""
+        response.opaque = request.opaque
+        response.serialize_type = request.serialize_type
+        response.flag |= FLAG_RESPONSE
+        if self._closed or self._transport is None:
+            logger.debug("dropping response %d to closed %s", response.opaque, self.peer_text)
+            return False
+        try:
+            self._write(response)
+        except ProtocolError:
+            logger.exception("cannot encode the response to code %d", request.code)
+            return False
+        return True
 
     def _allocate_opaque(self) -> int:
         opaque = self._next_opaque
@@ -590,11 +591,8 @@ class Connection(asyncio.Protocol):
             self._in_flight -= 1
         if response is None or cmd.flag & FLAG_ONEWAY:
             return
-        response.opaque = cmd.opaque
-        response.serialize_type = cmd.serialize_type
-        try:
-            await self.send_response(response)
-        except ConnectionClosedError:
-            logger.debug("connection %s closed before the response to %d", self.peer_text, cmd.code)
-        except ProtocolError:
-            logger.exception("cannot encode the response to code %d", cmd.code)
+        if self._write_answer(cmd, response) and self._paused:
+            try:
+                await self._drain()
+            except ConnectionClosedError:
+                logger.debug("%s closed before the response to %d left", self.peer_text, cmd.code)

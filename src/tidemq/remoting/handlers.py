@@ -14,8 +14,8 @@ from tidemq.protocol.frame import RemotingCommand
 if TYPE_CHECKING:
     from tidemq.remoting.connection import Connection
 
-# Answers one request. Returning None sends no response (the handler may answer later with
-# `connection.send_response`, or the request needs none).
+# Answers one request. Returning None sends no response: the request needs none, or the handler
+# called `connection.defer(request)` and answers later with `respond` / `respond_frame`.
 Handler: TypeAlias = "Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]"
 # Runs before dispatch; a non-None result is sent instead of calling the handler (ACL, flow
 # control). The same shape as a handler.

@@ -26,7 +26,8 @@ from tidemq.broker.handlers.common import guarded
 from tidemq.broker.handlers.end_transaction import EndTransactionHandler
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.transaction.check_back import CheckBackConfig, CheckBackService
-from tidemq.broker.transaction.resolution import TransactionLedger, TransactionResolver
+from tidemq.broker.transaction.ledger import TransactionLedger
+from tidemq.broker.transaction.resolution import TransactionResolver
 from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.clock import FakeClock
 from tidemq.protocol import record as rec

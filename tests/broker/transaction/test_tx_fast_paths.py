@@ -15,13 +15,8 @@ from tx_harness import GROUP, TOPIC, World, user_message
 
 from tidemq.broker.transaction import half as hm
 from tidemq.broker.transaction import resolution
-from tidemq.broker.transaction.resolution import (
-    RECENT_HALF_AGE_MAX_MS,
-    Answer,
-    EndResult,
-    TransactionForgotten,
-    pending_of,
-)
+from tidemq.broker.transaction.ledger import TransactionForgotten, pending_of
+from tidemq.broker.transaction.resolution import RECENT_HALF_AGE_MAX_MS, Answer, EndResult
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput, TxState
 from tidemq.clock import FakeClock
 from tidemq.errors import ProtocolError
@@ -170,30 +165,37 @@ def visible(world: World) -> list[list[bytes]]:
     return [[m.body for m in world.records(TOPIC, queue_id)] for queue_id in range(3)]
 
 
+def one_by_one(world: World, answers: list[tuple[int, TxInput]]) -> list[EndResult | Exception]:
+    """`world`'s results of `end` for each (half offset, answer), an exception as its result."""
+    results: list[EndResult | Exception] = []
+    for offset, tx_input in answers:
+        try:
+            results.append(world.resolver.end(world.half_at(offset), tx_input))
+        except (IllegalStateTransition, TransactionForgotten) as exc:
+            results.append(exc)
+    return results
+
+
+def assert_same_stores(batched: World, single: World) -> None:
+    """What the two worlds stored agrees, and so do their ledgers after a restart."""
+    assert visible(batched) == visible(single)
+    assert batched.stats == single.stats
+    assert op_outcomes(batched) == op_outcomes(single)
+    for world in (batched, single):
+        world.restart()
+    assert [batched.ledger.state(n) for n in range(7)] == [single.ledger.state(n) for n in range(7)]
+
+
 def test_end_many_agrees_with_answering_one_by_one(tmp_path: Path, clock: FakeClock) -> None:
     batched, single = prepared_world(tmp_path / "a", clock), prepared_world(tmp_path / "b", clock)
     try:
         halves = [batched.half_at(offset) for offset in half_offsets(batched)]
         results = batched.resolver.end_many([Answer.of(halves[n], i) for n, i in ANSWERS])
-        expected: list[EndResult | Exception] = []
-        for n, tx_input in ANSWERS:
-            try:
-                expected.append(
-                    single.resolver.end(single.half_at(halves[n].physical_offset), tx_input)
-                )
-            except (IllegalStateTransition, TransactionForgotten) as exc:
-                expected.append(exc)
+        expected = one_by_one(single, [(halves[n].physical_offset, i) for n, i in ANSWERS])
         assert [summary(r) for r in results] == [summary(r) for r in expected]
-        assert visible(batched) == visible(single)
-        assert batched.stats == single.stats
-        # Fewer op records, the same outcomes.
+        # Fewer op records, the same outcomes (assert_same_stores).
         assert len(batched.records(hm.OP_TOPIC)) < len(single.records(hm.OP_TOPIC))
-        assert op_outcomes(batched) == op_outcomes(single)
-        for world in (batched, single):
-            world.restart()
-        assert [batched.ledger.state(n) for n in range(7)] == [
-            single.ledger.state(n) for n in range(7)
-        ]
+        assert_same_stores(batched, single)
         assert batched.ledger.state(0) is TxState.COMMITTED
         assert batched.ledger.state(3) is TxState.PREPARED
     finally:
@@ -366,21 +368,9 @@ def test_end_many_agrees_with_one_by_one_on_random_answers(
             results = batched.resolver.end_many(
                 [Answer.of(batched.half_at(offsets[n]), i) for n, i in answers]
             )
-            expected: list[EndResult | Exception] = []
-            for n, tx_input in answers:
-                try:
-                    expected.append(single.resolver.end(single.half_at(offsets[n]), tx_input))
-                except (IllegalStateTransition, TransactionForgotten) as exc:
-                    expected.append(exc)
+            expected = one_by_one(single, [(offsets[n], i) for n, i in answers])
             assert [summary(r) for r in results] == [summary(r) for r in expected], answers
-        assert visible(batched) == visible(single)
-        assert batched.stats == single.stats
-        assert op_outcomes(batched) == op_outcomes(single)
-        for world in (batched, single):
-            world.restart()
-        assert [batched.ledger.state(n) for n in range(7)] == [
-            single.ledger.state(n) for n in range(7)
-        ]
+        assert_same_stores(batched, single)
     finally:
         batched.close()
         single.close()

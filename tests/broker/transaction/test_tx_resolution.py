@@ -8,7 +8,7 @@ import pytest
 from tx_harness import GROUP, TOPIC, World, user_message
 
 from tidemq.broker.transaction import half as hm
-from tidemq.broker.transaction.resolution import TransactionBusy, TransactionForgotten
+from tidemq.broker.transaction.ledger import TransactionBusy, TransactionForgotten
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput, TxState
 from tidemq.clock import FakeClock
 from tidemq.protocol import record as rec

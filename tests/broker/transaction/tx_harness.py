@@ -11,7 +11,8 @@ from tidemq.broker.schedule import DelayRouter
 from tidemq.broker.timer import TimerWheel
 from tidemq.broker.transaction import half as hm
 from tidemq.broker.transaction.check_back import CheckBackConfig, CheckBackService
-from tidemq.broker.transaction.resolution import TransactionLedger, TransactionResolver
+from tidemq.broker.transaction.ledger import TransactionLedger
+from tidemq.broker.transaction.resolution import TransactionResolver
 from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.clock import FakeClock
 from tidemq.errors import ConnectionClosedError

@@ -75,13 +75,14 @@ def refuse(
         "%s from %s refused with %s: %s",
         _code_name(request.code),
         connection.peer_text,
-        _response_name(code),
+        response_name(code),
         remark,
     )
     return request.response(code, ext_fields, remark=remark)
 
 
-def _response_name(code: int) -> str:
+def response_name(code: int) -> str:
+    """A response code for the log: its name and number, or the number if it has no name."""
     try:
         return f"{ResponseCode(code).name}({code})"
     except ValueError:

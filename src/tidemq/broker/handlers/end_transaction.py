@@ -26,22 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.handlers.common import PUT_STATUS_CODES, Refusal, guarded
-from tidemq.broker.transaction.resolution import (
-    Answer,
-    EndResult,
-    TransactionForgotten,
-    TransactionResolver,
-)
+from tidemq.broker.handlers.common import PUT_STATUS_CODES, Refusal, guarded, response_name
+from tidemq.broker.transaction.ledger import TransactionForgotten
+from tidemq.broker.transaction.resolution import Answer, EndResult, TransactionResolver
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput
 from tidemq.errors import ProtocolError
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import FLAG_ONEWAY, RemotingCommand
-from tidemq.protocol.headers import PLAIN_DIGITS_MAX, EndTransactionRequestHeader
+from tidemq.protocol.headers import EndTransactionRequestHeader
 from tidemq.protocol.message import PGROUP, SysFlag
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
@@ -56,46 +52,8 @@ _INPUTS: Final = {
 # Oneway answers collected in one round; a full round is stored at once, so one loop turn's work
 # and the round's memory stay bounded however many requests one read delivers.
 END_ROUND_MAX: Final = 1_024
-_PLAIN_BOOLS: Final = {"true": True, "false": False, "1": True, "0": False}
 
 WaitFlushed = Callable[[int], Awaitable[bool]]
-
-
-def end_header(fields: Mapping[str, str]) -> EndTransactionRequestHeader:
-    """`EndTransactionRequestHeader.from_fields`, with a shortcut for the spelling every client
-    sends (plain decimal figures, a "true"/"false"/"0"/"1" flag); anything else, including every
-    error, takes from_fields (tests compare the two)."""
-    get = fields.get
-    group, msg_id = get("producerGroup"), get("msgId")
-    table, offset, action = (
-        get("tranStateTableOffset"),
-        get("commitLogOffset"),
-        get("commitOrRollback"),
-    )
-    from_check = _PLAIN_BOOLS.get(get("fromTransactionCheck") or "false")
-    if (
-        group is None
-        or msg_id is None
-        or from_check is None
-        or table is None
-        or offset is None
-        or action is None
-        or not (_is_plain(table) and _is_plain(offset) and _is_plain(action))
-    ):
-        return EndTransactionRequestHeader.from_fields(fields)
-    return EndTransactionRequestHeader(
-        producer_group=group,
-        tran_state_table_offset=int(table),
-        commit_log_offset=int(offset),
-        commit_or_rollback=int(action),
-        from_transaction_check=from_check,
-        msg_id=msg_id,
-        transaction_id=get("transactionId") or None,
-    )
-
-
-def _is_plain(text: str) -> bool:
-    return text.isdigit() and text.isascii() and len(text) <= PLAIN_DIGITS_MAX
 
 
 class EndTransactionHandler:
@@ -119,7 +77,7 @@ class EndTransactionHandler:
                 ResponseCode.SLAVE_NOT_AVAILABLE,
                 "the broker is a slave: end transaction is forbidden",
             )
-        header = end_header(request.ext_fields)
+        header = EndTransactionRequestHeader.from_fields(request.ext_fields)
         tx_input = _INPUTS.get(header.commit_or_rollback)
         if tx_input is None:
             raise Refusal(
@@ -202,7 +160,7 @@ class EndTransactionHandler:
             log.warning(
                 "END_TRANSACTION (oneway) from %s refused with %s: %s",
                 peer.peer_text,
-                _code_name(refusal.code),
+                response_name(refusal.code),
                 refusal.remark,
             )
 
@@ -237,10 +195,3 @@ def _failure_refusal(result: EndResult, tx_input: TxInput) -> Refusal:
         PUT_STATUS_CODES.get(failure.status, ResponseCode.SYSTEM_ERROR),
         f"{tx_input.value} not stored: {failure.status.value} {failure.error}".rstrip(),
     )
-
-
-def _code_name(code: int) -> str:
-    try:
-        return f"{ResponseCode(code).name}({code})"
-    except ValueError:
-        return str(code)

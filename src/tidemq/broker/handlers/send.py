@@ -36,10 +36,9 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from typing import Final
 
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.delay_levels import TIMER_PROPERTIES
+from tidemq.broker.delay_levels import PARKING_PROPERTIES
 from tidemq.broker.flush import FlushService
 from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
@@ -47,13 +46,15 @@ from tidemq.broker.handlers.send_back import header_max_reconsume_times, redirec
 from tidemq.broker.handlers.send_coalesce import (
     SendCoalescer,
     Substitute,
+    flush_timeout_remark,
     send_response_fields,
     store_refusal,
 )
 from tidemq.broker.handlers.send_header import SendHeader, parse_send_header
 from tidemq.broker.schedule import DelayRefused, DelayRouter
 from tidemq.broker.topics import TopicTable
-from tidemq.broker.transaction.resolution import TransactionBusy, TransactionResolver
+from tidemq.broker.transaction.ledger import TransactionBusy
+from tidemq.broker.transaction.resolution import TransactionResolver
 from tidemq.errors import ProtocolError
 from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX
 from tidemq.protocol.bodies import TopicConfig
@@ -87,9 +88,6 @@ from tidemq.store.message_store import FileMessageStore
 from tidemq.store.types import MessageToStore, PutResult
 
 log = logging.getLogger(__name__)
-
-# The properties that make the DelayRouter park a message (any other passes it through).
-_PARKING_PROPERTIES: Final = frozenset((DELAY, *TIMER_PROPERTIES))
 
 
 def stored_properties(
@@ -145,7 +143,7 @@ class SendHandler:
         self._delays = delays
         # Spreads sends with queueId < 0 over the queues (no randomness outside cli/testing).
         self._spread = itertools.count()
-        self.coalescer = SendCoalescer(store, flush, address, config.sync_flush_timeout_ms)
+        self._coalescer = SendCoalescer(store, flush, address, config.sync_flush_timeout_ms)
         # What every stored single message gains, encoded once.
         self._cluster = {CLUSTER: config.broker_cluster_name}
         self._cluster_text = encode_properties(self._cluster)
@@ -160,7 +158,7 @@ class SendHandler:
         self._checked.clear()
         # Sends collected before the change are stored under the table they were checked
         # against: a topic deleted in the same loop turn loses them with it, never recreates it.
-        self.coalescer.put_pending()
+        self._coalescer.put_pending()
 
     def register(self, table: HandlerTable) -> None:
         for code in (
@@ -183,7 +181,7 @@ class SendHandler:
         sys_flag = header.sys_flag
         if topic_config.topic_filter_type == TOPIC_FILTER_MULTI_TAG:
             sys_flag |= SysFlag.MULTI_TAGS
-        coalescer = self.coalescer
+        coalescer = self._coalescer
         if request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch:
             messages = self._split_batch(connection, header, request.body, queue_id, properties)
             coalescer.put_pending()
@@ -218,7 +216,7 @@ class SendHandler:
             return None
         # A checked topic is no retry topic (nothing to redirect); without a delay or timer
         # property the DelayRouter gives the message back: _park would change nothing.
-        if topic in self._checked and properties.keys().isdisjoint(_PARKING_PROPERTIES):
+        if topic in self._checked and properties.keys().isdisjoint(PARKING_PROPERTIES):
             coalescer.add(connection, request, message)
             return None
         parked = self._park(message, header, request.version)
@@ -423,6 +421,6 @@ class SendHandler:
             return request.response(
                 ResponseCode.FLUSH_DISK_TIMEOUT,
                 fields,
-                remark=f"stored, but not flushed within {self._config.sync_flush_timeout_ms} ms",
+                remark=flush_timeout_remark(self._config.sync_flush_timeout_ms),
             )
         return request.response(ResponseCode.SUCCESS, fields)

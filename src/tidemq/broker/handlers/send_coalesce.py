@@ -118,6 +118,11 @@ def store_refusal(topic: str, result: PutResult) -> tuple[int, str]:
     return code, remark.rstrip()
 
 
+def flush_timeout_remark(sync_flush_timeout_ms: int) -> str:
+    """The remark of a FLUSH_DISK_TIMEOUT answer to a send (coalesced or not)."""
+    return f"stored, but not flushed within {sync_flush_timeout_ms} ms"
+
+
 class SendCoalescer:
     """Collects the plain single sends of a loop turn; stores and answers them together."""
 
@@ -133,14 +138,9 @@ class SendCoalescer:
         self._store = store
         self._flush = flush
         self._address = address
-        self._timeout_remark = f"stored, but not flushed within {sync_flush_timeout_ms} ms"
+        self._timeout_remark = flush_timeout_remark(sync_flush_timeout_ms)
         self._pending: list[_Pending] = []
         self._scheduled = False
-
-    @property
-    def pending(self) -> int:
-        """Sends collected and not yet stored."""
-        return len(self._pending)
 
     def add(
         self,
@@ -201,12 +201,11 @@ class SendCoalescer:
                 topic = msg.topic if substitute is None else substitute.topic
                 code, remark = store_refusal(topic, result)
                 connection.respond(request, refuse(connection, request, code, remark))
-            elif substitute is None:
-                stored.append((connection, request, msg_ids[n], msg.queue_id, result.queue_offset))
-                n += 1
-            else:
-                msg_id = msg_ids[n]
-                n += 1
+                continue
+            msg_id = msg_ids[n]
+            n += 1
+            queue_id = msg.queue_id
+            if substitute is not None:
                 try:
                     substitute.stored(msg, result)
                 except Exception as exc:
@@ -217,9 +216,8 @@ class SendCoalescer:
                         request, request.response(ResponseCode.SYSTEM_ERROR, remark=remark)
                     )
                     continue
-                stored.append(
-                    (connection, request, msg_id, substitute.queue_id, result.queue_offset)
-                )
+                queue_id = substitute.queue_id
+            stored.append((connection, request, msg_id, queue_id, result.queue_offset))
         return stored
 
     def _answer_stored(self, stored: list[_Stored], flushed: bool) -> None:

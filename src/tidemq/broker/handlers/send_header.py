@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tidemq.protocol.headers import PLAIN_DIGITS_MAX, SendMessageRequestHeader
-from tidemq.protocol.headers_send import SEND_V1_KEYS, SEND_V2_KEYS
+from tidemq.protocol.headers_send import SEND_V1_KEYS, SEND_V2_KEYS, is_v2_send
 
 
 @dataclass(slots=True)
@@ -44,7 +44,7 @@ def parse_send_header(fields: Mapping[str, str]) -> SendHeader:
     Raises:
         ProtocolError: a field is missing or malformed (from the careful parser).
     """
-    keys = SEND_V2_KEYS if "a" in fields and "producerGroup" not in fields else SEND_V1_KEYS
+    keys = SEND_V2_KEYS if is_v2_send(fields) else SEND_V1_KEYS
     get = fields.get
     group, topic, default_topic = get(keys[0]), get(keys[1]), get(keys[2])
     nums, queue_id, sys_flag = get(keys[3]), get(keys[4]), get(keys[5])

@@ -17,7 +17,7 @@ from typing import Final
 import orjson
 
 from tidemq.broker.handlers.common import Refusal, guarded
-from tidemq.broker.transaction.resolution import TransactionLedger
+from tidemq.broker.transaction.ledger import TransactionLedger
 from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.clock import Clock
 from tidemq.protocol.codes import RequestCode, ResponseCode

@@ -50,12 +50,8 @@ from typing import Final
 import orjson
 
 from tidemq.broker.transaction import half as hm
-from tidemq.broker.transaction.resolution import (
-    EndResult,
-    TransactionForgotten,
-    TransactionResolver,
-    scan_queue,
-)
+from tidemq.broker.transaction.ledger import TransactionForgotten
+from tidemq.broker.transaction.resolution import EndResult, TransactionResolver, scan_queue
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput
 from tidemq.clock import Clock
 from tidemq.errors import ProtocolError

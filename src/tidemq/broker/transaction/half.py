@@ -206,16 +206,16 @@ def to_real_message(half: rec.StoredMessage, props: dict[str, str] | None = None
     return real
 
 
-def to_real_message_of_put(
-    half: MessageToStore, put: PutResult, props: dict[str, str]
-) -> MessageToStore:
+def to_real_message_of_put(half: MessageToStore, put: PutResult) -> MessageToStore:
     """`to_real_message` of a half message as this broker put it (`half`, from
     to_half_message, stored as `put`), without reading the record back: the record the store
     makes of the result is the same, byte for byte (tests compare them).
 
-    `props` is `half.parsed`'s map (not modified). Hosts stay as put: the store packs them the
-    same way either time.
+    The properties are `half.parsed`'s map (not modified). Hosts stay as put: the store packs
+    them the same way either time.
     """
+    assert half.parsed is not None
+    props = half.parsed[1]
     topic, queue_id = real_destination_from(props, put.queue_offset)
     kept = {k: v for k, v in props.items() if k not in HALF_ONLY_PROPERTIES}
     text = encode_properties(kept)

@@ -63,8 +63,6 @@ from tidemq.store.types import GetStatus, MessageToStore, PutResult
 
 log = logging.getLogger(__name__)
 
-# The ledger's names are re-exported: the send and END handlers, the composition root and the
-# simulation import them from here.
 __all__ = [
     "END_RUN_MAX",
     "OUTCOMES_REPLAY_EXTRA",
@@ -74,13 +72,7 @@ __all__ = [
     "SCAN_BATCH_MAX",
     "Answer",
     "EndResult",
-    "PendingHalf",
-    "TransactionBusy",
-    "TransactionForgotten",
-    "TransactionLedger",
     "TransactionResolver",
-    "pending_from",
-    "pending_of",
     "scan_queue",
     "scan_records",
     "start_offset",
@@ -175,11 +167,8 @@ class Answer:
     put: tuple[MessageToStore, PutResult] | None = None
 
     @classmethod
-    def of(
-        cls, half: rec.StoredMessage, tx_input: TxInput, props: dict[str, str] | None = None
-    ) -> Answer:
-        if props is None:
-            props = half.property_map()
+    def of(cls, half: rec.StoredMessage, tx_input: TxInput) -> Answer:
+        props = half.property_map()
         origin = hm.origin_from(props, half.queue_offset)
         return cls(tx_input, props, origin, half.queue_offset, half.physical_offset, half=half)
 
@@ -188,7 +177,7 @@ class Answer:
         if self.half is not None:
             return hm.to_real_message(self.half, self.props)
         assert self.put is not None
-        return hm.to_real_message_of_put(self.put[0], self.put[1], self.props)
+        return hm.to_real_message_of_put(self.put[0], self.put[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,16 +306,13 @@ class TransactionResolver:
 
     # -- answers -------------------------------------------------------------------------------
 
-    def end(
-        self, half: rec.StoredMessage, tx_input: TxInput, props: dict[str, str] | None = None
-    ) -> EndResult:
-        """Apply a producer's answer about `half` (any copy of the transaction); `props` is
-        `half.property_map()` when the caller has it.
+    def end(self, half: rec.StoredMessage, tx_input: TxInput) -> EndResult:
+        """Apply a producer's answer about `half` (any copy of the transaction).
 
         Raises IllegalStateTransition (contradicts the outcome), TransactionForgotten, or
         ProtocolError (the half record lacks its real destination).
         """
-        (result,) = self.end_many([Answer.of(half, tx_input, props)])
+        (result,) = self.end_many([Answer.of(half, tx_input)])
         if isinstance(result, Exception):
             raise result
         return result
