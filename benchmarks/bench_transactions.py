@@ -27,16 +27,16 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sidebyside import servers
 
 from tidemq import (
     Admin,
@@ -47,25 +47,13 @@ from tidemq import (
     QueueError,
     TransactionProducer,
 )
+from tidemq.broker.config import FLUSH_DISK_TYPES
 from tidemq.remoting.loop import install_uvloop
 
 BODY_SIZE = 1024
 CHECK_INTERVAL_MS = 100
 TRANSACTION_TIMEOUT_MS = 500
 MISSED_SPACING_S = 0.037
-FLUSH_MODES = ("ASYNC_FLUSH", "SYNC_FLUSH")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass(frozen=True, slots=True)
-class DevServer:
-    namesrv: str
-    pid: int
 
 
 def cpu_seconds(pid: int) -> float:
@@ -75,31 +63,6 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextlib.contextmanager
-def dev_server(data_dir: Path, flush: str) -> Iterator[DevServer]:
-    namesrv_port, broker_port = free_port(), free_port()
-    command = [sys.executable, "-m", "tidemq.cli.main", "--log-level", "ERROR", "dev"]
-    command += ["--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port)]
-    command += ["--data-dir", str(data_dir), "--set", "vipChannelEnabled=false"]
-    command += ["--set", f"flushDiskType={flush}"]
-    command += ["--set", f"transactionCheckInterval={CHECK_INTERVAL_MS}"]
-    command += ["--set", f"transactionTimeOut={TRANSACTION_TIMEOUT_MS}"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 20
-    try:
-        for port in (namesrv_port, broker_port):
-            while True:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                    break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("tidemq dev did not start")
-                time.sleep(0.05)
-        yield DevServer(f"127.0.0.1:{namesrv_port}", process.pid)
-    finally:
-        process.terminate()
-        process.wait(20)
 
 
 class NoOpListener:
@@ -211,9 +174,14 @@ async def run(args: argparse.Namespace, flush: str) -> None:
     rates: dict[str, Rate] = {}
     with (
         tempfile.TemporaryDirectory(prefix="tidemq-bench-tx-") as tmp,
-        dev_server(Path(tmp) / "data", flush) as server,
+        servers.tidemq(
+            Path(tmp),
+            flush,
+            f"transactionCheckInterval={CHECK_INTERVAL_MS}",
+            f"transactionTimeOut={TRANSACTION_TIMEOUT_MS}",
+        ) as server,
     ):
-        namesrv = server.namesrv
+        namesrv = server.address
         async with Admin(namesrv) as admin:
             for topic in ("BenchPlain", "BenchTx", "BenchTxMissed"):
                 for _ in range(50):  # until the broker has registered with the name server
@@ -276,11 +244,11 @@ def main() -> None:
     parser.add_argument("--missed", type=int, default=100, help="transactions without END")
     parser.add_argument("--quick", action="store_true", help="a fifth of the counts")
     parser.add_argument(
-        "--flush", choices=FLUSH_MODES, action="append", help="flush mode (default: both)"
+        "--flush", choices=FLUSH_DISK_TYPES, action="append", help="flush mode (default: both)"
     )
     args = parser.parse_args()
     install_uvloop()
-    for flush in args.flush or FLUSH_MODES:
+    for flush in args.flush or FLUSH_DISK_TYPES:
         asyncio.run(run(args, flush))
 
 

@@ -5,7 +5,7 @@ machine, commit and date to benchmarks/RESULTS.md. Every server is started here 
 its data in a temp dir and stopped by pid at the end. Each case is bounded in time and count and
 repeated `--runs` times; the table quotes medians (min-max) and the foreign CPU.
 
-    python benchmarks/run_suite.py                 # everything, 3 runs (~15 min on 2 cores)
+    python benchmarks/run_suite.py                 # everything, 3 runs (~11 min on 2 cores)
     python benchmarks/run_suite.py --quick         # smoke run, one short run of a few cases
     python benchmarks/run_suite.py --tidemq-only   # no peers (what CI's smoke test runs)
     python benchmarks/run_suite.py --tidemq-only --cases "latency @500/s" --no-append
@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sidebyside import capacity, cases, machine, report, servers
-from sidebyside.common import Options, median_runs
+from sidebyside.common import Options, median_runs, window_for
 from sidebyside.drivers import DRIVERS, Driver
 
 log = logging.getLogger("bench")
@@ -99,6 +99,23 @@ def system_name(driver: Driver, flush: str | None) -> str:
     return f"tidemq {flush}" if flush else driver.name
 
 
+def pipelined_case(options: Options, size: int = 1024) -> str:
+    """The pipelined case's name, with its window (cases.produce_pipelined's): the body size is
+    named unless it is the default 1 KiB."""
+    label = ""
+    if size != 1024:
+        label = f" {size // 1024} KiB" if size >= 1024 else f" {size} B"
+        if size >= 1024 * 1024:
+            label = f" {size // 2**20} MiB"
+    return f"produce pipelined{label} ({window_for(size, options)} in flight)"
+
+
+def capacity_case(options: Options, window: int = 1) -> str:
+    """The capacity case's name; the TideMQ and redis-benchmark rows are paired by it."""
+    in_flight = "" if window == 1 else f" x {window} in flight"
+    return f"server capacity ({options.capacity_connections} clients{in_flight})"
+
+
 async def driver_cases(run: Run, name: str, server: servers.Server, flush: str | None) -> None:
     options = run.options
     state = {"durability": server.durability} if name == "tidemq" else None
@@ -115,7 +132,7 @@ async def driver_cases(run: Run, name: str, server: servers.Server, flush: str |
 
     try:
         await measure("produce one at a time", "rate", cases.produce_sync)
-        await measure("produce pipelined (256 in flight)", "rate", cases.produce_pipelined, 1024)
+        await measure(pipelined_case(options), "rate", cases.produce_pipelined, 1024)
         batch_client = f"{driver.client}; {driver.batch_note}"
         await measure("produce batched", "rate", cases.produce_batched, client=batch_client)
         await measure("consume + commit", "rate", cases.consume)
@@ -124,21 +141,8 @@ async def driver_cases(run: Run, name: str, server: servers.Server, flush: str |
         for size in options.sizes:
             if size == 1024:
                 continue  # the pipelined row above
-            label = f"{size // 1024} KiB" if size >= 1024 else f"{size} B"
-            if size >= 1024 * 1024:
-                label = f"{size // 2**20} MiB"
-            # The window is in the name, but only known after a run: match without it.
-            if not run.wants(f"produce pipelined {label}"):
-                continue
-            runs = await run.repeat(cases.produce_pipelined, driver, options, size)
-            window = runs[0].get("window", options.window)
-            run.add(
-                f"produce pipelined {label} ({window} in flight)",
-                key="rate",
-                runs=runs,
-                size=size,
-                **row,
-            )
+            case = pipelined_case(options, size)
+            await measure(case, "rate", cases.produce_pipelined, size, size=size)
     finally:
         await driver.close()
 
@@ -160,20 +164,19 @@ def peer_servers(run: Run, root: Path) -> None:
                     except Exception as exc:  # A peer that fails is reported, not fatal.
                         log.exception("%s failed", flavour)
                         run.skipped.append(f"{flavour} ({type(exc).__name__}: {exc})"[:200])
-                capacity_case = "server capacity (50 clients)"
-                if (
-                    server_name == "redis"
-                    and "redis-always" in selected
-                    and run.wants(capacity_case)
-                ):
+                case = capacity_case(run.options)
+                if server_name == "redis" and "redis-always" in selected and run.wants(case):
+                    clients = run.options.capacity_connections
                     runs = []
                     for _ in range(run.options.runs):
                         try:
-                            runs.append(capacity.redis_benchmark_xadd(server.address, "always", 50))
+                            runs.append(
+                                capacity.redis_benchmark_xadd(server.address, "always", clients)
+                            )
                         except Exception as exc:
                             runs.append({"error": f"{type(exc).__name__}: {exc}"})
                     run.add(
-                        capacity_case,
+                        case,
                         "redis-always",
                         "redis-benchmark (C)",
                         "AOF appendfsync always",
@@ -218,7 +221,7 @@ def tidemq_servers(run: Run, root: Path) -> None:
                 )
             for mode, case in (
                 ("sync", "produce one at a time"),
-                ("async", "produce pipelined (256 in flight)"),
+                ("async", pipelined_case(options)),
             ):
                 if not run.wants(case):
                     continue
@@ -247,9 +250,7 @@ def tidemq_servers(run: Run, root: Path) -> None:
                     comparable=False,
                 )
             for window in (1, 16):
-                case = f"server capacity ({options.capacity_connections} clients" + (
-                    ")" if window == 1 else f" x {window} in flight)"
-                )
+                case = capacity_case(options, window)
                 if not run.wants(case):
                     continue
                 runs = []
@@ -389,8 +390,7 @@ def main() -> None:
         "--cases",
         default="",
         help="comma-separated parts of case names (any case whose name contains one runs; "
-        'e.g. "latency @500/s,capacity"; the sized pipelined cases match on their name without '
-        '"(N in flight)", e.g. "pipelined 16 KiB"); default: every case',
+        'e.g. "latency @500/s,capacity"); default: every case',
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)

@@ -279,7 +279,7 @@ async def broker_rss(address: str, pid: int, options: Options) -> dict[str, Any]
             await asyncio.sleep(RSS_SAMPLE_S)
 
     def snapshot(name: str) -> dict[str, int]:
-        return {f"{name}_{k}": v for k, v in rss_bytes(pid).items() if k != "VmHWM"}
+        return {f"{name}_{k}": v for k, v in rss_bytes(pid).items()}
 
     driver = DRIVERS["tidemq"](address, options)
     await driver.connect()

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sidebyside import cases, servers
 from sidebyside.common import Options
+from tidemq.broker.config import FLUSH_DISK_TYPES
 
 DISK_HEADROOM = 1.25  # the backlog plus consume queues, index and the disk guard's margin
 
@@ -30,7 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backlog-gib", type=float, default=2.0)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
-    parser.add_argument("--flush", choices=("ASYNC_FLUSH", "SYNC_FLUSH"), default="ASYNC_FLUSH")
+    parser.add_argument("--flush", choices=FLUSH_DISK_TYPES, default="ASYNC_FLUSH")
     parser.add_argument("--set", action="append", default=[], help="broker key=value")
     args = parser.parse_args()
     backlog_bytes = int(args.backlog_gib * 2**30)

@@ -222,6 +222,6 @@ def rss_bytes(pid: int) -> dict[str, int]:
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+            if key in ("VmRSS", "RssAnon", "RssFile"):
                 found[key] = int(value.split()[0]) * 1024
     return found
