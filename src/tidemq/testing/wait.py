@@ -10,7 +10,7 @@ waited for instead of a bare timeout.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 POLL_INTERVAL_S_MIN: Final = 0.001
@@ -32,6 +32,26 @@ async def eventually(
     try:
         async with asyncio.timeout(timeout_s):
             while not predicate():
+                await asyncio.sleep(interval_s)
+                interval_s = min(interval_s * 2, POLL_INTERVAL_S_MAX)
+    except TimeoutError:
+        name = what or getattr(predicate, "__qualname__", repr(predicate))
+        raise TimeoutError(f"not true after {timeout_s} s: {name}") from None
+
+
+async def eventually_async(
+    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10.0, *, what: str | None = None
+) -> None:
+    """`eventually()` for a condition that needs a round trip to check (a route a name server
+    serves, a broker's client table): the same back-off, each check awaited in turn.
+
+    Raises:
+        TimeoutError: naming `what` (or the predicate) after `timeout_s` seconds.
+    """
+    interval_s = POLL_INTERVAL_S_MIN
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not await predicate():
                 await asyncio.sleep(interval_s)
                 interval_s = min(interval_s * 2, POLL_INTERVAL_S_MAX)
     except TimeoutError:

@@ -1,0 +1,284 @@
+"""`process_cluster()`: name servers and brokers as separate `tidemq` processes, for fault tests.
+
+`local_cluster()` runs everything in the test's own event loop, which is right for most tests
+but cannot show what a real crash does: a SIGKILL leaves no `stop()` behind, a SIGSTOP freezes a
+peer's socket without closing it, and a restarted process rebuilds its state from disk alone.
+This module starts each server as the user would (`tidemq namesrv`, `tidemq broker --set ...`)
+on loopback ports chosen free, with its own store and log file under the test's directory, and
+lets a test kill, pause, stop and restart each one on the same ports and store.
+
+Readiness is "the port accepts a connection". A broker's registration with the name servers is
+not awaited here: tests wait for the route they need with `eventually`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from tidemq.testing.cluster import TEST_BROKER_SETTINGS
+
+# Python start-up, imports and store recovery of a small store, on a loaded 2-core machine.
+START_TIMEOUT_S: Final = 30.0
+# SIGTERM to exit: persist offsets, unregister from the name servers, close the store.
+STOP_TIMEOUT_S: Final = 20.0
+# How long a process may take to be reaped after SIGKILL (the kernel frees its mappings).
+KILL_TIMEOUT_S: Final = 10.0
+# Between connection attempts while a server starts.
+PORT_POLL_INTERVAL_S: Final = 0.05
+# How much of a server's log a start failure quotes.
+LOG_TAIL_CHARS: Final = 4000
+# How many times a port pick is retried when another process took the port meanwhile.
+PORT_PICK_ATTEMPTS: Final = 50
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (the OS's pick for port 0)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_broker_port() -> int:
+    """A free port whose VIP neighbour (port - 2) and HA neighbour (port + 1) are free as well."""
+    for _ in range(PORT_PICK_ATTEMPTS):
+        port = free_port()
+        if port > 1024 and _port_is_free(port - 2) and _port_is_free(port + 1):
+            return port
+    raise RuntimeError("no free port with free neighbours found")
+
+
+@dataclass
+class ServerProcess:
+    """One `tidemq` server process; `args` are the CLI words after `tidemq`."""
+
+    name: str
+    args: list[str]
+    port: int
+    log_path: Path
+    store_dir: Path | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    starts: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return f"<{self.log_path} missing>"
+        return text[-LOG_TAIL_CHARS:]
+
+    async def start(self) -> None:
+        """Start the process (same ports, same store) and wait until its port accepts."""
+        if self.running:
+            raise RuntimeError(f"{self.name} is already running")
+        self._spawn()
+        try:
+            await self._wait_accepting()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _spawn(self) -> None:
+        # Fork and exec only: the process's start-up is awaited by _wait_accepting.
+        self.starts += 1
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"--- start {self.starts}: tidemq {' '.join(self.args)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tidemq.cli.main", *self.args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+
+    async def _wait_accepting(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_TIMEOUT_S
+        while True:
+            if not self.running:
+                raise RuntimeError(f"{self.name} exited while starting:\n{self.log_tail()}")
+            try:
+                _reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                if loop.time() > deadline:
+                    raise TimeoutError(
+                        f"{self.name} did not accept on {self.port} within "
+                        f"{START_TIMEOUT_S} s:\n{self.log_tail()}"
+                    ) from None
+                await asyncio.sleep(PORT_POLL_INTERVAL_S)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
+
+    def _signal(self, signum: int) -> None:
+        if not self.running:
+            raise RuntimeError(f"{self.name} is not running")
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook runs. Returns once the process is gone."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.kill()
+            # Reaped here, so the ports and the store lock are free when this returns; after
+            # SIGKILL this is the kernel tearing the process down, not the process's own work.
+            self.process.wait(KILL_TIMEOUT_S)
+        self.process = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets open and answers nothing."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    async def stop(self) -> int:
+        """SIGTERM and wait for the process's clean exit; returns its exit code."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            self.process = None
+            return 0 if process is None else process.returncode
+        process.send_signal(signal.SIGCONT)  # a paused process cannot handle SIGTERM
+        process.terminate()
+        try:
+            code = await asyncio.to_thread(process.wait, STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise TimeoutError(
+                f"{self.name} did not stop within {STOP_TIMEOUT_S} s:\n{self.log_tail()}"
+            ) from None
+        self.process = None
+        return code
+
+
+@dataclass
+class ProcessCluster:
+    root: Path
+    namesrvs: list[ServerProcess] = field(default_factory=list)
+    brokers: list[ServerProcess] = field(default_factory=list)
+
+    @property
+    def namesrv_addr(self) -> str:
+        return ";".join(n.address for n in self.namesrvs)
+
+    def all(self) -> list[ServerProcess]:
+        return [*self.namesrvs, *self.brokers]
+
+
+def _set_flags(settings: Mapping[str, str]) -> list[str]:
+    return [word for key, value in settings.items() for word in ("--set", f"{key}={value}")]
+
+
+@contextlib.asynccontextmanager
+async def process_cluster(
+    root: Path,
+    *,
+    namesrvs: int = 1,
+    brokers: int = 1,
+    broker_settings: Mapping[str, str] | None = None,
+    log_level: str = "INFO",
+) -> AsyncIterator[ProcessCluster]:
+    """Start `namesrvs` name servers and `brokers` brokers (broker-a, broker-b, ...) as processes.
+
+    `broker_settings` are broker.conf keys given to every broker with `--set`. On exit every
+    process still running is stopped with SIGTERM (SIGKILL if it does not stop in time).
+    """
+    cluster = ProcessCluster(root=root)
+    logs = root / "logs"
+    for index in range(namesrvs):
+        port = free_port()
+        cluster.namesrvs.append(
+            ServerProcess(
+                name=f"namesrv-{index}",
+                args=[
+                    "--log-level",
+                    log_level,
+                    "namesrv",
+                    "--port",
+                    str(port),
+                    "--data-dir",
+                    str(root / f"namesrv-{index}"),
+                ],
+                port=port,
+                log_path=logs / f"namesrv-{index}.log",
+            )
+        )
+    for index in range(brokers):
+        port = free_broker_port()
+        name = f"broker-{chr(ord('a') + index)}"
+        store = root / name
+        settings = {
+            "brokerIP1": "127.0.0.1",
+            **TEST_BROKER_SETTINGS,
+            **(broker_settings or {}),
+        }
+        cluster.brokers.append(
+            ServerProcess(
+                name=name,
+                args=[
+                    "--log-level",
+                    log_level,
+                    "broker",
+                    "--namesrv-addr",
+                    cluster.namesrv_addr,
+                    "--port",
+                    str(port),
+                    "--data-dir",
+                    str(store),
+                    "--broker-name",
+                    name,
+                    *_set_flags(settings),
+                ],
+                port=port,
+                log_path=logs / f"{name}.log",
+                store_dir=store,
+            )
+        )
+    try:
+        for server in cluster.all():
+            await server.start()
+        yield cluster
+    finally:
+        for server in reversed(cluster.all()):
+            try:
+                await server.stop()
+            except TimeoutError:
+                pass  # already killed by stop(); the test's own failure says more
