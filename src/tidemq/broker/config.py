@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from tidemq.broker.config_keys import KEYS, ConfigKey, parse_int, parse_path
 from tidemq.broker.delay_levels import (
     DELAY_LEVELS_DEFAULT,
     TIMER_MAX_DELAY_SEC_DEFAULT,
     parse_delay_levels,
 )
-from tidemq.broker.properties import parse_bool, parse_properties
+from tidemq.broker.properties import parse_properties
 from tidemq.errors import QueueError
 from tidemq.limits import (
     BROKER_REGISTER_INTERVAL_MS,
@@ -51,6 +52,11 @@ log = logging.getLogger(__name__)
 ENV_PREFIX: Final = "TIDEMQ_"
 FLUSH_DISK_TYPES: Final = ("ASYNC_FLUSH", "SYNC_FLUSH")
 BROKER_ROLES: Final = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+# Roles that mean replication, which TideMQ does not have yet: a SLAVE would never receive its
+# master's data, and a SYNC_MASTER would answer SEND_OK where RocketMQ answers
+# SLAVE_NOT_AVAILABLE. The loader refuses them (BrokerConfig still models them, so handlers can
+# be tested answering as a slave does) until replication gives them a meaning.
+ROLES_NEEDING_REPLICATION: Final = ("SYNC_MASTER", "SLAVE")
 # The VIP channel listens on listenPort minus this (RocketMQ: 10911 → 10909).
 VIP_CHANNEL_PORT_OFFSET: Final = 2
 _DELETE_WHEN = re.compile(r"^\d{1,2}(;\d{1,2})*$")
@@ -101,6 +107,12 @@ class BrokerConfig:
     transaction_timeout_ms: int = 6_000
     transaction_check_max: int = 15
     transaction_check_interval_ms: int = 60_000
+    # Check passes that found no live producer of a half message's group before it is discarded
+    # anyway. Such passes do not count toward transaction_check_max (after a restart producers
+    # are unknown until their next heartbeat, up to 30 s); this bounds how long a group gone for
+    # good keeps its halves (and a copy per pass): 60 passes at the default interval is an hour,
+    # past a restart's heartbeat window and a redeploy. fileReservedTime bounds them as well.
+    transaction_unreached_check_max: int = 60
     # Spark sink halves no batch record resolves are rolled back after this long (a stopped
     # query may restart late, so hours; below fileReservedTime, which discards them).
     spark_orphan_timeout_hours: float = 24.0
@@ -177,6 +189,10 @@ class BrokerConfig:
             raise bad("timerMaxDelaySec", self.timer_max_delay_sec, "must be > 0 s")
         if self.transaction_check_max < 0:
             raise bad("transactionCheckMax", self.transaction_check_max, "must be >= 0")
+        if self.transaction_unreached_check_max < 1:
+            raise bad(
+                "transactionUnreachedCheckMax", self.transaction_unreached_check_max, "must be >= 1"
+            )
         if self.spark_orphan_timeout_hours <= 0:
             raise bad("sparkOrphanTimeoutHours", self.spark_orphan_timeout_hours, "must be > 0")
         for addr in self.namesrv_addrs:
@@ -208,245 +224,15 @@ def _check_addr(key: str, addr: str) -> None:
         raise ConfigError(f"{key}={addr!r}: expected host:port")
 
 
-# ---------------------------------------------------------------------------------------------
-# Key table: RocketMQ key(s) → field, with parser, renderer and the comment for the example conf.
-
-
-def _parse_int(text: str) -> int:
-    return int(text.strip().replace("_", ""), 10)
-
-
-def _parse_float(text: str) -> float:
-    return float(text.strip())
-
-
-def _parse_str(text: str) -> str:
-    return text.strip()
-
-
-def _parse_path(text: str) -> Path:
-    stripped = text.strip()
-    if not stripped:
-        raise ValueError("empty path")
-    return Path(stripped).expanduser()
-
-
-def _parse_addrs(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(";") if part.strip())
-
-
-def _parse_upper(text: str) -> str:
-    return text.strip().upper()
-
-
-def _render_default(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def _render_addrs(value: object) -> str:
-    assert isinstance(value, tuple)
-    return ";".join(value)
-
-
-@dataclass(frozen=True, slots=True)
-class _Key:
-    name: str  # the RocketMQ key, as rendered
-    field: str  # the BrokerConfig field
-    parse: Callable[[str], Any]
-    comment: str
-    aliases: tuple[str, ...] = ()
-    render: Callable[[object], str] = _render_default
-
-
-_KEYS: Final[tuple[_Key, ...]] = (
-    _Key("brokerClusterName", "broker_cluster_name", _parse_str, "Cluster this broker belongs to."),
-    _Key("brokerName", "broker_name", _parse_str, "Name shared by a master and its slaves."),
-    _Key("brokerId", "broker_id", _parse_int, "0 = master, >0 = slave."),
-    _Key("brokerRole", "broker_role", _parse_upper, "ASYNC_MASTER | SYNC_MASTER | SLAVE."),
-    _Key(
-        "namesrvAddr",
-        "namesrv_addrs",
-        _parse_addrs,
-        "Name servers, host:port separated by ';'. Empty: do not register.",
-        render=_render_addrs,
-    ),
-    _Key("listenHost", "listen_host", _parse_str, "Address to bind (TideMQ extension)."),
-    _Key("listenPort", "listen_port", _parse_int, "Client port; 0 picks a free port."),
-    _Key(
-        "vipChannelEnabled",
-        "vip_channel_enabled",
-        parse_bool,
-        "Also listen on listenPort-2 (Java 4.4/4.5 clients send there by default).",
-    ),
-    _Key(
-        "brokerIP1",
-        "broker_ip",
-        _parse_str,
-        "IPv4 address advertised to clients and written into stored messages (storeHost).",
-    ),
-    _Key(
-        "storePathRootDir",
-        "store_path_root_dir",
-        _parse_path,
-        "Store directory: commitlog/, consumequeue/, index/, config/.",
-    ),
-    _Key(
-        "flushDiskType",
-        "flush_disk_type",
-        _parse_upper,
-        "ASYNC_FLUSH (flush every flushIntervalCommitLog) | SYNC_FLUSH (ack after fsync).",
-    ),
-    _Key(
-        "mappedFileSizeCommitLog",
-        "commit_log_file_size",
-        _parse_int,
-        "Bytes per commit-log segment file.",
-        aliases=("mapedFileSizeCommitLog",),
-    ),
-    _Key(
-        "autoCreateTopicEnable",
-        "auto_create_topic_enable",
-        parse_bool,
-        "Create unknown topics on first send (registers TBW102; needed by the C++ client).",
-    ),
-    _Key(
-        "defaultTopicQueueNums",
-        "default_topic_queue_nums",
-        _parse_int,
-        "Queues of TBW102, the template for auto-created topics.",
-    ),
-    _Key(
-        "autoCreateSubscriptionGroup",
-        "auto_create_subscription_group",
-        parse_bool,
-        "Create unknown consumer groups on first use.",
-    ),
-    _Key("longPollingEnable", "long_polling_enable", parse_bool, "Hold empty pulls until data."),
-    _Key(
-        "shortPollingTimeMills",
-        "short_polling_ms",
-        _parse_int,
-        "Hold time (ms) of an empty pull when long polling is off.",
-    ),
-    _Key("flushIntervalCommitLog", "flush_interval_ms", _parse_int, "ASYNC_FLUSH period (ms)."),
-    _Key(
-        "syncFlushTimeout",
-        "sync_flush_timeout_ms",
-        _parse_int,
-        "SYNC_FLUSH: answer FLUSH_DISK_TIMEOUT after this many ms (the message stays stored).",
-    ),
-    _Key(
-        "flushConsumerOffsetInterval",
-        "consumer_offset_persist_interval_ms",
-        _parse_int,
-        "Period (ms) for writing config/consumerOffset.json.",
-    ),
-    _Key(
-        "registerNameServerPeriod",
-        "register_interval_ms",
-        _parse_int,
-        "Period (ms) of re-registration with every name server.",
-    ),
-    _Key(
-        "registerBrokerTimeoutMills",
-        "register_timeout_ms",
-        _parse_int,
-        "Timeout (ms) of one REGISTER_BROKER request.",
-    ),
-    _Key(
-        "channelExpiredTimeout",
-        "client_expiry_ms",
-        _parse_int,
-        "Drop a producer/consumer registration after this many ms without a heartbeat.",
-    ),
-    _Key(
-        "cleanResourceInterval",
-        "cleanup_interval_ms",
-        _parse_int,
-        "Period (ms) of the expired-file check.",
-    ),
-    _Key(
-        "fileReservedTime",
-        "file_reserved_time_hours",
-        _parse_float,
-        "Hours a commit-log file is kept after its last write.",
-    ),
-    _Key("deleteWhen", "delete_when", _parse_str, "Hour(s) of day to delete expired files, 04;16."),
-    _Key(
-        "diskMaxUsedSpaceRatio",
-        "disk_max_used_space_ratio_percent",
-        _parse_int,
-        "Refuse writes (and delete early) above this disk usage, percent.",
-    ),
-    _Key("maxMessageSize", "max_message_size", _parse_int, "Largest message body, bytes."),
-    _Key(
-        "brokerPermission",
-        "broker_permission",
-        _parse_int,
-        "6 = read+write, 4 = read only, 2 = write only.",
-    ),
-    _Key(
-        "rejectTransactionMessage",
-        "reject_transaction_message",
-        parse_bool,
-        "Refuse transactional (half) messages with NO_PERMISSION.",
-    ),
-    _Key(
-        "transactionTimeOut",
-        "transaction_timeout_ms",
-        _parse_int,
-        "A half message becomes eligible for check-back after this many ms.",
-    ),
-    _Key(
-        "transactionCheckMax",
-        "transaction_check_max",
-        _parse_int,
-        "Check-backs per half message before it is discarded.",
-    ),
-    _Key(
-        "transactionCheckInterval",
-        "transaction_check_interval_ms",
-        _parse_int,
-        "Period (ms) of the transaction check-back scan.",
-    ),
-    _Key(
-        "sparkOrphanTimeoutHours",
-        "spark_orphan_timeout_hours",
-        _parse_float,
-        "Hours after which a Spark sink half message no batch record resolves is rolled back.",
-    ),
-    _Key("messageDelayLevel", "message_delay_level", _parse_str, "Delay levels 1..N (s m h d)."),
-    _Key("timerMaxDelaySec", "timer_max_delay_sec", _parse_int, "Latest TIMER_DELIVER_MS, s."),
-    _Key("enablePropertyFilter", "enable_property_filter", parse_bool, "Allow SQL92 filters."),
-    _Key(
-        "corruptPolicy",
-        "corrupt_policy",
-        _parse_str,
-        "refuse | quarantine: commit-log corruption other than a torn tail stops the start, or"
-        " moves the damaged segments to <root>/quarantine/.",
-    ),
-    _Key(
-        "commitLogResidentBytes",
-        "commit_log_resident_bytes",
-        _parse_int,
-        "Commit-log bytes behind the write position kept in the broker's memory (RSS) for tail"
-        " readers; older pages are released to the page cache once flushed (TideMQ extension).",
-    ),
-)
-
 # Keys needing conversion or cross-checks rather than a plain field assignment.
 _SPECIAL_KEYS: Final = frozenset(
     {"mappedFileSizeConsumeQueue", "mapedFileSizeConsumeQueue", "storePathCommitLog"}
 )
 
-_BY_KEY: Final[dict[str, _Key]] = {k.name: k for k in _KEYS} | {
-    alias: k for k in _KEYS for alias in k.aliases
+_BY_KEY: Final[dict[str, ConfigKey]] = {k.name: k for k in KEYS} | {
+    alias: k for k in KEYS for alias in k.aliases
 }
-_BY_FIELD: Final[dict[str, _Key]] = {k.field: k for k in _KEYS}
+_BY_FIELD: Final[dict[str, ConfigKey]] = {k.field: k for k in KEYS}
 assert set(_BY_FIELD) == {f.name for f in dataclasses.fields(BrokerConfig)} - {
     "consume_queue_file_entries"
 }
@@ -497,20 +283,32 @@ def load_broker_config(
             f"<storePathRootDir>/commitlog ({Path(root) / 'commitlog'})"
         )
     try:
-        return BrokerConfig(**values)
+        config = BrokerConfig(**values)
     except ConfigError as exc:
         spec = _BY_KEY.get(str(exc).split("=", 1)[0])
         where = source_of.get(spec.field) if spec is not None else None
         if where is None:
             raise
         raise ConfigError(f"{exc} (from {where})") from None
+    _refuse_replication_role(config, source_of.get("broker_role", "defaults"))
+    return config
+
+
+def _refuse_replication_role(config: BrokerConfig, where: str) -> None:
+    """Refuse a role that needs replication (ROLES_NEEDING_REPLICATION), in one line."""
+    role = config.broker_role
+    if role in ROLES_NEEDING_REPLICATION:
+        raise ConfigError(
+            f"brokerRole={role} (from {where}): refused until TideMQ has replication; "
+            "a broker runs as brokerRole=ASYNC_MASTER"
+        )
 
 
 def _apply(
     values: dict[str, Any], source_of: dict[str, str], key: str, raw: object, where: str
 ) -> None:
     if key in ("mappedFileSizeConsumeQueue", "mapedFileSizeConsumeQueue"):
-        size = _parse_value(key, raw, _parse_int, where)
+        size = _parse_value(key, raw, parse_int, where)
         if size < CONSUME_QUEUE_ENTRY_SIZE or size % CONSUME_QUEUE_ENTRY_SIZE:
             raise ConfigError(
                 f"{key}={raw!r}: must be a positive multiple of {CONSUME_QUEUE_ENTRY_SIZE} "
@@ -520,7 +318,7 @@ def _apply(
         source_of["consume_queue_file_entries"] = where
         return
     if key == "storePathCommitLog":
-        values["_store_path_commit_log"] = _parse_value(key, raw, _parse_path, where)
+        values["_store_path_commit_log"] = _parse_value(key, raw, parse_path, where)
         return
     spec = _BY_KEY.get(key)
     if spec is None:
@@ -536,7 +334,7 @@ def _set(
     raw: object,
     where: str,
     key: str,
-    parse: Callable[[str], Any] = _parse_int,
+    parse: Callable[[str], Any] = parse_int,
 ) -> None:
     values[field_name] = _parse_value(key, raw, parse, where)
     source_of[field_name] = where
@@ -562,7 +360,7 @@ def _parse_value(key: str, raw: object, parse: Callable[[str], Any], where: str)
 def render_config(cfg: BrokerConfig, *, comments: bool = True) -> str:
     """The effective values as broker.conf text, one `key=value` per setting."""
     lines: list[str] = []
-    for spec in _KEYS:
+    for spec in KEYS:
         if comments:
             lines.append(f"# {spec.comment}")
         lines.append(f"{spec.name}={spec.render(getattr(cfg, spec.field))}")

@@ -119,3 +119,31 @@ def inflate(body: bytes, size_max: int = FRAME_SIZE_MAX) -> bytes:
     if not decompressor.eof:
         raise ProtocolError("zlib body is truncated")
     return data
+
+
+# Output bytes per step of `inflated_size`: the check holds this much, not the whole body.
+INFLATE_CHECK_CHUNK_BYTES: Final = 256 * 1024
+
+
+def inflated_size(body: bytes, size_max: int) -> int:
+    """The size `inflate(body, size_max)` would return, without holding the inflated body: the
+    broker checks every COMPRESSED body it is sent this way (a body that does not inflate would
+    stop every consumer of its queue), so the check costs no more memory than a chunk.
+
+    Raises:
+        ProtocolError: as `inflate` (not zlib data, truncated, or more than size_max bytes).
+    """
+    decompressor = zlib.decompressobj()
+    size = 0
+    pending = body
+    try:
+        while pending and not decompressor.eof:
+            size += len(decompressor.decompress(pending, INFLATE_CHECK_CHUNK_BYTES))
+            if size > size_max:
+                raise ProtocolError(f"inflated body exceeds {size_max} bytes")
+            pending = decompressor.unconsumed_tail
+    except zlib.error as exc:
+        raise ProtocolError(f"body is not zlib data: {exc}") from None
+    if not decompressor.eof:
+        raise ProtocolError("zlib body is truncated")
+    return size

@@ -172,15 +172,17 @@ async def test_checks_rotate_over_the_group(world: World) -> None:
     assert (len(a.sent), len(b.sent)) == (2, 2)
 
 
-async def test_no_live_producer_counts_the_check_and_still_discards(world: World) -> None:
+async def test_no_live_producer_is_not_counted(world: World) -> None:
+    """Issue 11, item 6 (more in test_tx_unreached_checks.py): checks that reach nobody do not
+    use up transactionCheckMax."""
     world.producers[GROUP] = []
     world.prepare()
     for _ in range(CHECK_MAX + 1):
         world.clock.advance(TIMEOUT_MS)
         await world.checker.run_once()
-    assert world.stats.check_no_producer == CHECK_MAX
+    assert world.stats.check_no_producer == CHECK_MAX + 1
     assert world.stats.checked == 0
-    assert world.ledger.state(0) is TxState.DISCARDED
+    assert world.ledger.state(0) is TxState.PREPARED
 
 
 async def test_closed_connections_are_skipped(world: World) -> None:
@@ -207,6 +209,7 @@ async def test_pass_stops_at_messages_stored_after_it_began(world: World) -> Non
 async def test_pass_is_capped_by_message_count(tmp_path: Path, clock: FakeClock) -> None:
     config = CheckBackConfig(timeout_ms=TIMEOUT_MS, pass_messages_max=3)
     w = World(tmp_path, clock, check_config=config)
+    w.producers[GROUP] = [FakeProducer("p1")]  # a check that reaches nobody is not counted
     try:
         for i in range(5):
             w.prepare(bytes([i]))
@@ -225,6 +228,7 @@ async def test_pass_is_capped_by_message_count(tmp_path: Path, clock: FakeClock)
 async def test_pass_is_capped_by_time(tmp_path: Path, clock: FakeClock) -> None:
     config = CheckBackConfig(timeout_ms=TIMEOUT_MS, pass_time_max_ms=1_000)
     w = World(tmp_path, clock, check_config=config)
+    w.producers[GROUP] = [FakeProducer("p1")]  # a check that reaches nobody is not counted
     try:
         for i in range(3):
             w.prepare(bytes([i]))

@@ -14,6 +14,10 @@ as false and stores as one blob; we split it). A C++ batch body may be zlib-comp
 message keeps its flag, body and properties, gains the outer properties and CLUSTER, and takes
 topic, queue, sysFlag, born time and hosts from the outer request.
 
+A single send flagged COMPRESSED whose body does not inflate within maxMessageSize is refused
+with MESSAGE_ILLEGAL before anything is stored (send_body.py): stored, it would stop every
+consumer of its queue. A compressed batch body that does not inflate is refused the same way.
+
 A single send whose TRAN_MSG property is true (any sysFlag: the C++ client sets only the
 property) is stored as a half message (broker/transaction/, §8): the resolver makes it
 (`half_message`, SYSTEM_BUSY when too many transactions are in flight), it joins the coalescer in
@@ -43,6 +47,7 @@ from tidemq.broker.flush import FlushService
 from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
 from tidemq.broker.handlers.send_back import header_max_reconsume_times, redirect_exhausted
+from tidemq.broker.handlers.send_body import CompressedBodyCheck
 from tidemq.broker.handlers.send_coalesce import (
     SendCoalescer,
     Substitute,
@@ -55,6 +60,7 @@ from tidemq.broker.schedule import DelayRefused, DelayRouter
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction.ledger import TransactionBusy
 from tidemq.broker.transaction.resolution import TransactionResolver
+from tidemq.clock import Clock, SystemClock
 from tidemq.errors import ProtocolError
 from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX
 from tidemq.protocol.bodies import TopicConfig
@@ -132,6 +138,7 @@ class SendHandler:
         flush: FlushService,
         transactions: TransactionResolver | None = None,
         delays: DelayRouter | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._config = config
         self._address = address
@@ -144,6 +151,12 @@ class SendHandler:
         # Spreads sends with queueId < 0 over the queues (no randomness outside cli/testing).
         self._spread = itertools.count()
         self._coalescer = SendCoalescer(store, flush, address, config.sync_flush_timeout_ms)
+        # A COMPRESSED body must inflate (send_body.py): a batch body to at most its largest
+        # uncompressed form, a single body to maxMessageSize.
+        self._compressed = CompressedBodyCheck(
+            config.max_message_size, clock if clock is not None else SystemClock()
+        )
+        self._batch_inflated_max = config.max_message_size + MESSAGE_PROPERTIES_SIZE_MAX
         # What every stored single message gains, encoded once.
         self._cluster = {CLUSTER: config.broker_cluster_name}
         self._cluster_text = encode_properties(self._cluster)
@@ -183,14 +196,15 @@ class SendHandler:
             sys_flag |= SysFlag.MULTI_TAGS
         coalescer = self._coalescer
         if request.code == RequestCode.SEND_BATCH_MESSAGE or header.batch:
-            messages = self._split_batch(connection, header, request.body, queue_id, properties)
-            coalescer.put_pending()
-            results = self._store.put_messages(messages)
-            return await self._answer(request, header, queue_id, results)
+            return await self._send_batch(connection, request, header, queue_id, properties)
         body = request.body
         transactional = TRAN_MSG in properties and is_true_text(properties[TRAN_MSG])
         if transactional or len(body) > self._config.max_message_size:
             self._check_single(body, properties)
+        if sys_flag & SysFlag.COMPRESSED:
+            refusal = self._compressed.check(body, topic, connection.peer_text)
+            if refusal is not None:
+                return request.response(ResponseCode.MESSAGE_ILLEGAL, remark=refusal)
         address = self._address
         message = MessageToStore(
             topic,
@@ -225,6 +239,29 @@ class SendHandler:
             return None
         coalescer.put_pending()
         results = [self._store.put_message(parked)]
+        return await self._answer(request, header, queue_id, results)
+
+    async def _send_batch(
+        self,
+        connection: Connection,
+        request: RemotingCommand,
+        header: SendHeader,
+        queue_id: int,
+        properties: dict[str, str],
+    ) -> RemotingCommand:
+        # As Java, a batch's messages take the header's sysFlag (no MULTI_TAGS bit).
+        body, sys_flag = request.body, header.sys_flag
+        if sys_flag & SysFlag.COMPRESSED:
+            # C++ 1.2.3 deflates the whole batch body; its messages are stored uncompressed.
+            try:
+                body = inflate(body, self._batch_inflated_max)
+            except ProtocolError as exc:
+                remark = self._compressed.refused(str(exc), header.topic, connection.peer_text)
+                return request.response(ResponseCode.MESSAGE_ILLEGAL, remark=remark)
+            sys_flag &= ~SysFlag.COMPRESSED
+        messages = self._split_batch(connection, header, body, sys_flag, queue_id, properties)
+        self._coalescer.put_pending()
+        results = self._store.put_messages(messages)
         return await self._answer(request, header, queue_id, results)
 
     # -- checks ------------------------------------------------------------------------------
@@ -347,19 +384,11 @@ class SendHandler:
         connection: Connection,
         header: SendHeader,
         body: bytes,
+        sys_flag: int,
         queue_id: int,
         outer: dict[str, str],
     ) -> list[MessageToStore]:
-        sys_flag = header.sys_flag
-        if sys_flag & SysFlag.COMPRESSED:
-            # C++ 1.2.3 deflates the whole batch body; inner messages are stored uncompressed.
-            try:
-                body = inflate(body, self._config.max_message_size + MESSAGE_PROPERTIES_SIZE_MAX)
-            except ProtocolError as exc:
-                raise Refusal(
-                    ResponseCode.MESSAGE_ILLEGAL, f"bad compressed batch: {exc}"
-                ) from None
-            sys_flag &= ~SysFlag.COMPRESSED
+        """The messages of a batch `body` (already inflated), each with `sys_flag`."""
         self._check_size(len(body))
         try:
             items = decode_batch_raw(body)

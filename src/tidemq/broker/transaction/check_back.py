@@ -13,6 +13,11 @@ One pass, every transactionCheckInterval:
       ├─ younger than CHECK_IMMUNITY_TIME_IN_SECONDS (else transactionTimeOut)
       │     ├─ immunity longer than transactionTimeOut ─▶ rewrite it at the queue's end
       │     └─ otherwise ─▶ leave it: it pins the half offset (due within transactionTimeOut)
+      ├─ due, but no live connection of PGROUP (the producers are gone, or a restarted broker
+      │     has not yet had their heartbeat) ─▶ the check would reach nobody, so it does not
+      │     count toward transactionCheckMax:
+      │     ├─ __TXUNREACHED# >= transactionUnreachedCheckMax ─▶ discard, as above
+      │     └─ otherwise ─▶ put back a copy with __TXUNREACHED# + 1, TRANSACTION_CHECK_TIMES kept
       └─ due ─▶ put back a copy with TRANSACTION_CHECK_TIMES + 1 (its offsets are what the
                 producer answers with), then CHECK_TRANSACTION_STATE (oneway, body = the copy
                 with its real topic and queue) to one live connection of PGROUP, the next one
@@ -21,6 +26,15 @@ One pass, every transactionCheckInterval:
     then: half offset := the first record left (or where the pass stopped); op offset advanced
           past op messages stored before that record (rebuild must replay the rest), both
           committed to the consumer-offset table (persisted with the other groups' offsets)
+
+Why unreached checks are not counted: RocketMQ counts every due check, so after a broker restart
+(producers unknown until their next heartbeat, up to 30 s) or before a started producer has sent
+anything, passes that asked nobody used up transactionCheckMax and committed local transactions
+were discarded (issue 11, item 6). "Reached" means a live connection of the group when the pass
+visits the record; a write that then fails still counts (rare: the connection closed in between).
+A group gone for good keeps its halves at most transactionUnreachedCheckMax passes (then
+discarded) and never beyond fileReservedTime; unreached copies are written once per pass, as
+counted checks are. The unreached transactions of a pass are logged in one line.
 
 Records are only ever appended, so "skip what the op queue marks resolved" reads the ledger,
 which is the op queue's in-memory form (resolution.py). Ages count from the transaction's first
@@ -76,6 +90,7 @@ class CheckBackConfig:
     timeout_ms: int = 6_000
     check_max: int = 15
     file_reserved_ms: int = 72 * 3_600_000
+    unreached_max: int = 60
     pass_time_max_ms: int = CHECK_PASS_TIME_MAX_MS
     pass_messages_max: int = CHECK_PASS_MESSAGES_MAX
 
@@ -83,6 +98,7 @@ class CheckBackConfig:
         assert self.interval_ms > 0
         assert self.timeout_ms > 0
         assert self.check_max >= 0
+        assert self.unreached_max >= 1
         assert self.file_reserved_ms > 0
         assert self.pass_time_max_ms > 0
         assert self.pass_messages_max > 0
@@ -93,6 +109,7 @@ class CheckBackConfig:
             interval_ms=config.transaction_check_interval_ms,
             timeout_ms=config.transaction_timeout_ms,
             check_max=config.transaction_check_max,
+            unreached_max=config.transaction_unreached_check_max,
             file_reserved_ms=int(config.file_reserved_time_hours * 3_600_000),
         )
 
@@ -103,6 +120,7 @@ class PassReport:
 
     scanned: int = 0
     checked: int = 0
+    unreached: int = 0  # due, but no live producer of the group: put back, not counted
     discarded: int = 0
     rewritten: int = 0
     left: int = 0
@@ -156,6 +174,7 @@ class CheckBackService:
         position = half_start
         pin: int | None = None
         copies: list[rec.StoredMessage] = []
+        unreached_groups: set[str] = set()
         # Only a record that is the newest of a pending transaction needs a visit (what _visit
         # checks first); the others, most of the queue, are passed over without decoding. No
         # record of the walk becomes one during the pass: new records go after its end.
@@ -170,7 +189,8 @@ class CheckBackService:
             if queue_offset in live:
                 # The store serves only records whose whole-record CRC it checked.
                 half = rec.decode_record(data, verify_crc=False)
-                if not self._visit(half, now_ms, report, copies) and pin is None:
+                visited = self._visit(half, now_ms, report, copies, unreached_groups)
+                if not visited and pin is None:
                     pin = queue_offset
             position = queue_offset + 1
             if report.scanned % SCAN_BATCH_MAX == 0:
@@ -182,6 +202,14 @@ class CheckBackService:
         report.op_offset = self._advance_op_offset(report.half_offset)
         for copy in copies:
             await self._send_check(copy)
+        if unreached_groups:
+            log.warning(
+                "%d transactions due for a check found no live producer of %s; not counted "
+                "toward transactionCheckMax (%d such passes allowed each)",
+                report.unreached,
+                ", ".join(sorted(unreached_groups)),
+                self.config.unreached_max,
+            )
         if report.scanned:
             log.debug("transaction check pass: %s", report)
         return report
@@ -192,6 +220,7 @@ class CheckBackService:
         now_ms: int,
         report: PassReport,
         copies: list[rec.StoredMessage],
+        unreached_groups: set[str],
     ) -> bool:
         """Handle one record; False when it is left for a later pass (it pins the offset)."""
         try:
@@ -226,6 +255,9 @@ class CheckBackService:
                     return True
                 report.left += 1
                 return False
+            if not self._has_live_producer(entry.producer_group):
+                group = entry.producer_group
+                return self._visit_unreached(half, group, check_times, report, unreached_groups)
             copy = self._resolver.put_back(half, check_times + 1)
             if copy is None:
                 return False
@@ -236,6 +268,40 @@ class CheckBackService:
         except ProtocolError as exc:
             log.error("skipping malformed half message %d: %s", half.queue_offset, exc)
             return True
+
+    def _has_live_producer(self, group: str) -> bool:
+        return any(not connection.closed for connection in self._producers(group))
+
+    def _visit_unreached(
+        self,
+        half: rec.StoredMessage,
+        group: str,
+        check_times: int,
+        report: PassReport,
+        groups: set[str],
+    ) -> bool:
+        """A due transaction no producer of `group` can be asked about: put back uncounted (the
+        group joins `groups`, logged once per pass), or discarded once
+        transactionUnreachedCheckMax passes found nobody."""
+        unreached = hm.unreached_checks_of(half)
+        if unreached >= self.config.unreached_max:
+            log.warning(
+                "discarding transaction %d of %s: no live producer in %d check passes "
+                "(transactionUnreachedCheckMax)",
+                hm.origin_of(half),
+                group,
+                unreached,
+            )
+            if not self._resolver.discard(half):
+                return False
+            report.discarded += 1
+            return True
+        if self._resolver.put_back(half, check_times, unreached + 1) is None:
+            return False
+        self._stats.check_no_producer += 1
+        report.unreached += 1
+        groups.add(group)
+        return True
 
     def _visit_sink_half(
         self,

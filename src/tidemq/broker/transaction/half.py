@@ -9,7 +9,8 @@ three system topics of the ordinary store (remoting.md §8), each used as queue 
                                   "17,18,19," (the 5.x batch form, read too); TideMQ adds the
                                   property __TXOUTCOME# = COMMIT | ROLLBACK | DISCARD, so the
                                   ledger can be rebuilt with outcomes, not only "resolved"
-    TRANS_CHECK_MAX_TIME_TOPIC    half messages given up on (checked too often or too old)
+    TRANS_CHECK_MAX_TIME_TOPIC    half messages given up on (checked too often, no producer
+                                  reachable too often, or too old)
 
 The offsets in an op body are *origins*: the half-queue offset of the transaction's first half
 message. A check copy (put back with TRANSACTION_CHECK_TIMES + 1) or an immunity rewrite keeps
@@ -22,9 +23,10 @@ KEYS, TAGS, UNIQ_KEY, CLUSTER and PGROUP (as upstream keeps it). Set: transactio
 preparedTransactionOffset = the half record's commit-log offset. Removed (half-only):
 TRAN_MSG (a committed message re-sent, e.g. to a retry topic, must not become a half message
 again), REAL_TOPIC, REAL_QID, TRANSACTION_CHECK_TIMES, TRAN_PREPARED_QUEUE_OFFSET,
-CHECK_IMMUNITY_TIME_IN_SECONDS, and the store's own __CRC32# and __TAGSCODE#. The tags code is
-recomputed by the store from TAGS. The store time is the commit's, not the half's: store times
-must rise along a consume queue for SEARCH_OFFSET_BY_TIMESTAMP.
+CHECK_IMMUNITY_TIME_IN_SECONDS, TideMQ's __TXUNREACHED#, and the store's own __CRC32# and
+__TAGSCODE#. The tags code is recomputed by the store from TAGS. The store time is the
+commit's, not the half's: store times must rise along a consume queue for
+SEARCH_OFFSET_BY_TIMESTAMP.
 
 Each transaction passes here twice (prepare, commit), so the functions that read a half record's
 properties also come in a `_from` form over an already decoded map: the END path decodes a half's
@@ -70,6 +72,10 @@ HALF_QUEUE_ID: Final = 0
 OP_TAG: Final = "d"
 # TideMQ's op-message property naming the outcome (private: "__" prefix as the store's own).
 OUTCOME_PROPERTY: Final = "__TXOUTCOME#"
+# TideMQ's property on a check copy: how many due checks found no live producer of the group.
+# Those are not TRANSACTION_CHECK_TIMES (a producer unknown to a restarted broker until its next
+# heartbeat must not lose its transaction); transactionUnreachedCheckMax caps them instead.
+UNREACHED_PROPERTY: Final = "__TXUNREACHED#"
 # An op body lists at most this many offsets (a batch op message; larger bodies are refused).
 OP_BODY_OFFSETS_MAX: Final = 4_096
 
@@ -82,6 +88,7 @@ HALF_ONLY_PROPERTIES: Final = frozenset(
         TRANSACTION_CHECK_TIMES,
         TRAN_PREPARED_QUEUE_OFFSET,
         CHECK_IMMUNITY_TIME_IN_SECONDS,
+        UNREACHED_PROPERTY,
         CRC32_PROPERTY,
         TAGS_CODE_PROPERTY,
     }
@@ -160,6 +167,12 @@ def check_times_from(props: dict[str, str]) -> int:
 
 def check_times_of(half: rec.StoredMessage) -> int:
     return check_times_from(half.property_map())
+
+
+def unreached_checks_of(half: rec.StoredMessage) -> int:
+    """Due checks of this transaction that found no live producer (UNREACHED_PROPERTY)."""
+    text = half.property_map().get(UNREACHED_PROPERTY, "0").strip()
+    return int(text) if text.isdigit() else 0
 
 
 def immunity_ms_of(half: rec.StoredMessage) -> int | None:
@@ -246,10 +259,15 @@ def _half_copy(half: rec.StoredMessage, props: dict[str, str], topic: str) -> Me
     )
 
 
-def check_copy(half: rec.StoredMessage, check_times: int) -> MessageToStore:
-    """The copy put back at the half queue's end before a check (or immunity rewrite)."""
+def check_copy(
+    half: rec.StoredMessage, check_times: int, unreached_checks: int | None = None
+) -> MessageToStore:
+    """The copy put back at the half queue's end before a check (or immunity rewrite, or a due
+    check that found no producer: `unreached_checks` then sets UNREACHED_PROPERTY)."""
     props = half.property_map()
     props[TRANSACTION_CHECK_TIMES] = str(check_times)
+    if unreached_checks is not None:
+        props[UNREACHED_PROPERTY] = str(unreached_checks)
     props[TRAN_PREPARED_QUEUE_OFFSET] = str(origin_of(half))
     return _half_copy(half, props, HALF_TOPIC)
 

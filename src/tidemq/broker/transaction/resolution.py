@@ -461,10 +461,13 @@ class TransactionResolver:
         self.stats.discarded += 1
         return True
 
-    def put_back(self, half: rec.StoredMessage, check_times: int) -> rec.StoredMessage | None:
-        """Append a copy of `half` with TRANSACTION_CHECK_TIMES = `check_times`; it becomes the
-        transaction's newest record. Returns the copy as stored (None if the store refused)."""
-        result = self.store.put_message(hm.check_copy(half, check_times))
+    def put_back(
+        self, half: rec.StoredMessage, check_times: int, unreached_checks: int | None = None
+    ) -> rec.StoredMessage | None:
+        """Append a copy of `half` with TRANSACTION_CHECK_TIMES = `check_times` (and, given,
+        `unreached_checks`: hm.check_copy); it becomes the transaction's newest record. Returns
+        the copy as stored (None if the store refused)."""
+        result = self.store.put_message(hm.check_copy(half, check_times, unreached_checks))
         if not result.ok:
             log.error("could not put back half message %d: %s", half.queue_offset, result.error)
             return None

@@ -44,7 +44,9 @@ class TxInput(enum.Enum):
     ROLLBACK = "ROLLBACK"  # END_TRANSACTION commitOrRollback=12
     UNKNOWN = "UNKNOWN"  # END_TRANSACTION commitOrRollback=0 (NOT / UNKNOW)
     CHECK = "CHECK"  # the check-back service asked a producer
-    DISCARD = "DISCARD"  # checked transactionCheckMax times, or older than fileReservedTime
+    # Checked transactionCheckMax times, no producer reachable in transactionUnreachedCheckMax
+    # passes (such passes are no CHECK: the state stays), or older than fileReservedTime.
+    DISCARD = "DISCARD"
 
 
 class IllegalStateTransition(QueueError):

@@ -1,0 +1,262 @@
+"""The broker.conf key table: each RocketMQ key, the BrokerConfig field it sets, how its value
+parses and renders, and the comment it gets in conf/broker.example.conf.
+
+Kept apart from config.py, which owns the settings (the dataclass and its checks) and the
+layered loader: this table changes whenever a setting is added, the loader does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from tidemq.broker.properties import parse_bool
+
+
+def parse_int(text: str) -> int:
+    return int(text.strip().replace("_", ""), 10)
+
+
+def _parse_float(text: str) -> float:
+    return float(text.strip())
+
+
+def _parse_str(text: str) -> str:
+    return text.strip()
+
+
+def parse_path(text: str) -> Path:
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError("empty path")
+    return Path(stripped).expanduser()
+
+
+def _parse_addrs(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(";") if part.strip())
+
+
+def _parse_upper(text: str) -> str:
+    return text.strip().upper()
+
+
+def _render_default(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _render_addrs(value: object) -> str:
+    assert isinstance(value, tuple)
+    return ";".join(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigKey:
+    name: str  # the RocketMQ key, as rendered
+    field: str  # the BrokerConfig field
+    parse: Callable[[str], Any]
+    comment: str
+    aliases: tuple[str, ...] = ()
+    render: Callable[[object], str] = _render_default
+
+
+KEYS: Final[tuple[ConfigKey, ...]] = (
+    ConfigKey(
+        "brokerClusterName", "broker_cluster_name", _parse_str, "Cluster this broker belongs to."
+    ),
+    ConfigKey("brokerName", "broker_name", _parse_str, "Name shared by a master and its slaves."),
+    ConfigKey("brokerId", "broker_id", parse_int, "0 = master, >0 = slave."),
+    ConfigKey(
+        "brokerRole",
+        "broker_role",
+        _parse_upper,
+        "ASYNC_MASTER. SYNC_MASTER and SLAVE are refused until TideMQ has replication.",
+    ),
+    ConfigKey(
+        "namesrvAddr",
+        "namesrv_addrs",
+        _parse_addrs,
+        "Name servers, host:port separated by ';'. Empty: do not register.",
+        render=_render_addrs,
+    ),
+    ConfigKey("listenHost", "listen_host", _parse_str, "Address to bind (TideMQ extension)."),
+    ConfigKey("listenPort", "listen_port", parse_int, "Client port; 0 picks a free port."),
+    ConfigKey(
+        "vipChannelEnabled",
+        "vip_channel_enabled",
+        parse_bool,
+        "Also listen on listenPort-2 (Java 4.4/4.5 clients send there by default).",
+    ),
+    ConfigKey(
+        "brokerIP1",
+        "broker_ip",
+        _parse_str,
+        "IPv4 address advertised to clients and written into stored messages (storeHost).",
+    ),
+    ConfigKey(
+        "storePathRootDir",
+        "store_path_root_dir",
+        parse_path,
+        "Store directory: commitlog/, consumequeue/, index/, config/.",
+    ),
+    ConfigKey(
+        "flushDiskType",
+        "flush_disk_type",
+        _parse_upper,
+        "ASYNC_FLUSH (flush every flushIntervalCommitLog) | SYNC_FLUSH (ack after fsync).",
+    ),
+    ConfigKey(
+        "mappedFileSizeCommitLog",
+        "commit_log_file_size",
+        parse_int,
+        "Bytes per commit-log segment file.",
+        aliases=("mapedFileSizeCommitLog",),
+    ),
+    ConfigKey(
+        "autoCreateTopicEnable",
+        "auto_create_topic_enable",
+        parse_bool,
+        "Create unknown topics on first send (registers TBW102; needed by the C++ client).",
+    ),
+    ConfigKey(
+        "defaultTopicQueueNums",
+        "default_topic_queue_nums",
+        parse_int,
+        "Queues of TBW102, the template for auto-created topics.",
+    ),
+    ConfigKey(
+        "autoCreateSubscriptionGroup",
+        "auto_create_subscription_group",
+        parse_bool,
+        "Create unknown consumer groups on first use.",
+    ),
+    ConfigKey(
+        "longPollingEnable", "long_polling_enable", parse_bool, "Hold empty pulls until data."
+    ),
+    ConfigKey(
+        "shortPollingTimeMills",
+        "short_polling_ms",
+        parse_int,
+        "Hold time (ms) of an empty pull when long polling is off.",
+    ),
+    ConfigKey("flushIntervalCommitLog", "flush_interval_ms", parse_int, "ASYNC_FLUSH period (ms)."),
+    ConfigKey(
+        "syncFlushTimeout",
+        "sync_flush_timeout_ms",
+        parse_int,
+        "SYNC_FLUSH: answer FLUSH_DISK_TIMEOUT after this many ms (the message stays stored).",
+    ),
+    ConfigKey(
+        "flushConsumerOffsetInterval",
+        "consumer_offset_persist_interval_ms",
+        parse_int,
+        "Period (ms) for writing config/consumerOffset.json.",
+    ),
+    ConfigKey(
+        "registerNameServerPeriod",
+        "register_interval_ms",
+        parse_int,
+        "Period (ms) of re-registration with every name server.",
+    ),
+    ConfigKey(
+        "registerBrokerTimeoutMills",
+        "register_timeout_ms",
+        parse_int,
+        "Timeout (ms) of one REGISTER_BROKER request.",
+    ),
+    ConfigKey(
+        "channelExpiredTimeout",
+        "client_expiry_ms",
+        parse_int,
+        "Drop a producer/consumer registration after this many ms without a heartbeat.",
+    ),
+    ConfigKey(
+        "cleanResourceInterval",
+        "cleanup_interval_ms",
+        parse_int,
+        "Period (ms) of the expired-file check.",
+    ),
+    ConfigKey(
+        "fileReservedTime",
+        "file_reserved_time_hours",
+        _parse_float,
+        "Hours a commit-log file is kept after its last write.",
+    ),
+    ConfigKey(
+        "deleteWhen", "delete_when", _parse_str, "Hour(s) of day to delete expired files, 04;16."
+    ),
+    ConfigKey(
+        "diskMaxUsedSpaceRatio",
+        "disk_max_used_space_ratio_percent",
+        parse_int,
+        "Refuse writes (and delete early) above this disk usage, percent.",
+    ),
+    ConfigKey("maxMessageSize", "max_message_size", parse_int, "Largest message body, bytes."),
+    ConfigKey(
+        "brokerPermission",
+        "broker_permission",
+        parse_int,
+        "6 = read+write, 4 = read only, 2 = write only.",
+    ),
+    ConfigKey(
+        "rejectTransactionMessage",
+        "reject_transaction_message",
+        parse_bool,
+        "Refuse transactional (half) messages with NO_PERMISSION.",
+    ),
+    ConfigKey(
+        "transactionTimeOut",
+        "transaction_timeout_ms",
+        parse_int,
+        "A half message becomes eligible for check-back after this many ms.",
+    ),
+    ConfigKey(
+        "transactionCheckMax",
+        "transaction_check_max",
+        parse_int,
+        "Check-backs that reached a producer, per half message, before it is discarded.",
+    ),
+    ConfigKey(
+        "transactionCheckInterval",
+        "transaction_check_interval_ms",
+        parse_int,
+        "Period (ms) of the transaction check-back scan.",
+    ),
+    ConfigKey(
+        "transactionUnreachedCheckMax",
+        "transaction_unreached_check_max",
+        parse_int,
+        "Check passes finding no live producer of the group (not counted in"
+        " transactionCheckMax) before a half message is discarded anyway (TideMQ extension).",
+    ),
+    ConfigKey(
+        "sparkOrphanTimeoutHours",
+        "spark_orphan_timeout_hours",
+        _parse_float,
+        "Hours after which a Spark sink half message no batch record resolves is rolled back.",
+    ),
+    ConfigKey(
+        "messageDelayLevel", "message_delay_level", _parse_str, "Delay levels 1..N (s m h d)."
+    ),
+    ConfigKey("timerMaxDelaySec", "timer_max_delay_sec", parse_int, "Latest TIMER_DELIVER_MS, s."),
+    ConfigKey("enablePropertyFilter", "enable_property_filter", parse_bool, "Allow SQL92 filters."),
+    ConfigKey(
+        "corruptPolicy",
+        "corrupt_policy",
+        _parse_str,
+        "refuse | quarantine: commit-log corruption other than a torn tail stops the start, or"
+        " moves the damaged segments to <root>/quarantine/.",
+    ),
+    ConfigKey(
+        "commitLogResidentBytes",
+        "commit_log_resident_bytes",
+        parse_int,
+        "Commit-log bytes behind the write position kept in the broker's memory (RSS) for tail"
+        " readers; older pages are released to the page cache once flushed (TideMQ extension).",
+    ),
+)
