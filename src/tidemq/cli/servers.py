@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -20,7 +21,9 @@ from tidemq.broker.config import load_broker_config, render_config
 from tidemq.clock import SystemClock
 from tidemq.namesrv.app import NamesrvApp
 from tidemq.namesrv.config import NamesrvConfig
+from tidemq.remoting.acceptor import raise_open_files_limit
 from tidemq.remoting.loop import install_uvloop
+from tidemq.store.lock import StoreLockedError
 
 log = logging.getLogger("tidemq")
 
@@ -110,8 +113,31 @@ async def _serve(*apps: Any) -> None:
     log.info("stopped cleanly")
 
 
-def run_namesrv(args: argparse.Namespace) -> int:
+def _start_process() -> None:
+    """What every server process does first: uvloop if installed, and every descriptor the
+    hard limit allows (each connection is one; out of them, accepting stops)."""
     install_uvloop()
+    before, now = raise_open_files_limit()
+    if now != before:
+        log.info("open files limit (RLIMIT_NOFILE) raised from %d to %d", before, now)
+    else:
+        log.info("open files limit (RLIMIT_NOFILE): %d", now)
+
+
+def open_files_line() -> str:
+    """The --print-config comment on the descriptor limit a started server will have."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    shown = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    if soft == hard:
+        return f"# Open files (RLIMIT_NOFILE): {shown} (the soft limit is the hard limit)"
+    return (
+        f"# Open files (RLIMIT_NOFILE): {shown} at start "
+        f"(the soft limit, {soft}, is raised to the hard limit)"
+    )
+
+
+def run_namesrv(args: argparse.Namespace) -> int:
+    _start_process()
     kv_path = args.data_dir / "kvConfig.json" if args.data_dir else None
     app = NamesrvApp(NamesrvConfig(listen_port=args.port, kv_config_path=kv_path), SystemClock())
     asyncio.run(_serve(app))
@@ -125,10 +151,14 @@ def run_broker(args: argparse.Namespace) -> int:
         print(f"tidemq broker: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
-        print(render_config(config))
+        print(render_config(config) + open_files_line())
         return 0
-    install_uvloop()
-    asyncio.run(_serve(BrokerApp(config, SystemClock())))
+    _start_process()
+    try:
+        asyncio.run(_serve(BrokerApp(config, SystemClock())))
+    except StoreLockedError as exc:  # another broker owns the store: one line, nothing touched
+        print(f"tidemq broker: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -144,7 +174,7 @@ def run_dev(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tidemq dev: {exc}", file=sys.stderr)
         return 2
-    install_uvloop()
+    _start_process()
     clock = SystemClock()
     namesrv = NamesrvApp(
         NamesrvConfig(
@@ -158,5 +188,9 @@ def run_dev(args: argparse.Namespace) -> int:
         args.broker_port,
         data_dir,
     )
-    asyncio.run(_serve(namesrv, BrokerApp(config, clock)))
+    try:
+        asyncio.run(_serve(namesrv, BrokerApp(config, clock)))
+    except StoreLockedError as exc:  # another broker owns the store: one line, nothing touched
+        print(f"tidemq dev: {exc}", file=sys.stderr)
+        return 1
     return 0

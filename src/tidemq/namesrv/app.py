@@ -32,6 +32,8 @@ class NamesrvApp:
             config.listen_port,
             name="namesrv",
             clock=clock,
+            incomplete_frame_bytes_max=config.incomplete_frame_bytes_max,
+            frame_completion_timeout_ms=config.frame_completion_timeout_ms,
         )
         self.server.add_connection_listener(on_close=self._on_connection_closed)
         self.housekeeping = BrokerHousekeeping(

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemq.limits import BROKER_EXPIRY_MS
+from tidemq.limits import BROKER_EXPIRY_MS, FRAME_SIZE_MAX
+from tidemq.remoting.inbound import FRAME_COMPLETION_TIMEOUT_MS, INCOMPLETE_FRAME_BYTES_MAX
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,6 +23,10 @@ class NamesrvConfig:
     scan_interval_ms: int = 10_000
     # A broker silent this long is dropped; brokers register every 30 s.
     broker_expiry_ms: int = BROKER_EXPIRY_MS
+    # Bytes incomplete frames may hold across all connections, and how long one frame may take
+    # to arrive (remoting/inbound.py): what hostile clients can pin.
+    incomplete_frame_bytes_max: int = INCOMPLETE_FRAME_BYTES_MAX
+    frame_completion_timeout_ms: int = FRAME_COMPLETION_TIMEOUT_MS
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port < 65536:
@@ -30,3 +35,7 @@ class NamesrvConfig:
             raise ValueError("scan_interval_ms must be positive")
         if self.broker_expiry_ms < self.scan_interval_ms:
             raise ValueError("broker_expiry_ms must be at least scan_interval_ms")
+        if self.incomplete_frame_bytes_max < FRAME_SIZE_MAX + 4:
+            raise ValueError("incomplete_frame_bytes_max must hold at least one maximal frame")
+        if self.frame_completion_timeout_ms <= 0:
+            raise ValueError("frame_completion_timeout_ms must be positive")

@@ -8,8 +8,9 @@ KVStore.
     322 QUERY_DATA_VERSION
 
 Handlers are plain coroutines over the route table; none awaits anything, so each request is
-answered in the task the transport started for it. A malformed header or body is answered
-SYSTEM_ERROR by the transport with the ProtocolError's text.
+answered in the task the transport started for it. A malformed header or body raises
+ProtocolError, which the transport answers SYSTEM_ERROR with its text and logs as one line,
+rate-limited per connection (remoting/connection.py): a peer's mistake costs no traceback.
 """
 
 from __future__ import annotations

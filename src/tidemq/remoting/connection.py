@@ -2,7 +2,7 @@
 
 A connection is symmetric: either side may send requests, and either side answers requests.
 
-    inbound bytes ──▶ FrameDecoder ──▶ response? ──▶ future in `_pending[opaque]` (else dropped)
+    inbound bytes ──▶ FrameDecoder ──▶ response? ──▶ its waiter by opaque (pending.py)
                                   └──▶ request  ──▶ hook → handler → answer (a task if it awaits)
 
 Every inbound request starts at once; one that awaits (a held long-poll pull, a sync-flush wait)
@@ -26,8 +26,10 @@ A handler may answer later without a task: it calls `defer(request)` and returns
 turn together and answers each, broker/handlers/send_coalesce.py). A deferred request still counts
 in flight; the request hook has run for it like for any other.
 
-A malformed or oversized frame closes only this connection: the decoder cannot resynchronise a
-byte stream, and the peer is either broken or hostile. When the connection closes, pending
+Inbound bytes are decoded by InboundFrames (inbound.py): a malformed or oversized frame closes
+only this connection, and a server bounds what incomplete frames hold across its connections.
+A handler's ProtocolError is the peer's fault: SYSTEM_ERROR naming it, and one log line
+(rate-limited per connection, log_limit.py), never a traceback. When the connection closes, pending
 requests fail with ConnectionClosedError at once; handler tasks still running are left to finish
 (their answers are dropped) so a handler never sees a cancellation it did not expect.
 
@@ -45,18 +47,15 @@ from collections.abc import Callable
 from typing import Final, cast
 
 from tidemq.clock import Clock
-from tidemq.errors import ConnectionClosedError, ProtocolError, RequestTimeoutError
+from tidemq.errors import ConnectionClosedError, ProtocolError
 from tidemq.protocol.codes import ResponseCode
-from tidemq.protocol.frame import (
-    FLAG_ONEWAY,
-    FLAG_RESPONSE,
-    FrameDecoder,
-    RemotingCommand,
-    encode_parts,
-)
+from tidemq.protocol.frame import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand, encode_parts
 from tidemq.remoting.address import socket_address
 from tidemq.remoting.eager import resume
 from tidemq.remoting.handlers import HandlerTable, RequestHook, ResponseWaiter
+from tidemq.remoting.inbound import FrameBudget, InboundFrames
+from tidemq.remoting.log_limit import LogLimit
+from tidemq.remoting.pending import PendingRequests
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +73,6 @@ WRITE_BUFFER_BYTES_MAX: Final = 8 * 1024 * 1024
 # -> 81-91k once bodies count, unchanged while only requests counted.
 TURN_BUDGET: Final = 16
 _BODY_UNIT_SHIFT: Final = 11  # a request costs one more per 2 KiB of its body
-# Opaques stay within a signed 32-bit int and non-negative, as the C++ client's do.
-_OPAQUE_MASK: Final = 0x7FFFFFFF
 
 ConnectionCallback = Callable[["Connection"], None]
 
@@ -100,18 +97,18 @@ class Connection(asyncio.Protocol):
         "_close_listeners",
         "_closed",
         "_closed_event",
-        "_decoder",
         "_drain_scheduled",
         "_drain_waiters",
         "_handlers",
         "_in_flight",
         "_in_flight_max",
+        "_inbound",
         "_last_activity_ms",
         "_loop",
-        "_next_opaque",
         "_on_close",
         "_on_open",
         "_paused",
+        "_peer_errors",
         "_pending",
         "_read_while_blocked",
         "_request_hook",
@@ -131,6 +128,7 @@ class Connection(asyncio.Protocol):
         *,
         clock: Clock,
         frame_size_max: int,
+        frame_budget: FrameBudget | None = None,
         request_hook: RequestHook | None = None,
         in_flight_max: int = IN_FLIGHT_MAX,
         read_while_blocked: bool = True,
@@ -149,14 +147,16 @@ class Connection(asyncio.Protocol):
         self._read_while_blocked = read_while_blocked
         self._clock = clock
         self._request_hook = request_hook
-        self._decoder = FrameDecoder(frame_size_max)
+        self._inbound = InboundFrames(
+            frame_size_max, clock, budget=frame_budget, on_evict=self.abort
+        )
+        self._peer_errors: LogLimit | None = None
         self._in_flight_max = in_flight_max
         self._in_flight = 0
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._pending: dict[int, ResponseWaiter] = {}
+        self._pending = PendingRequests()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._next_opaque = 0
         self._paused = False
         # Frames written during one loop iteration, sent together by _flush_writes: under
         # pipelining one send syscall carries many responses instead of one each.
@@ -200,6 +200,11 @@ class Connection(asyncio.Protocol):
         return self._last_activity_ms
 
     @property
+    def incomplete_frame_since_ms(self) -> float | None:
+        """Monotonic time the frame being received began; None between frames."""
+        return self._inbound.incomplete_since_ms
+
+    @property
     def writing_paused(self) -> bool:
         """True while the transport's write buffer is over its high-water mark."""
         return self._paused
@@ -232,22 +237,22 @@ class Connection(asyncio.Protocol):
             return await future
         finally:
             timer.cancel()
-            self._pending.pop(opaque, None)
+            self._pending.discard(opaque)
 
     def start_request(self, cmd: RemotingCommand, waiter: ResponseWaiter) -> int:
         """`request` without awaiting, pausing or a timeout: `waiter` gets the response or a
         ConnectionClosedError; the caller keeps the deadline. Returns the opaque. Raises
         ConnectionClosedError (registering nothing) if the connection is closed."""
-        opaque = self._allocate_opaque()
+        opaque = self._pending.allocate()
         cmd.opaque = opaque
         cmd.flag &= ~FLAG_RESPONSE
         self._write(cmd)
-        self._pending[opaque] = waiter
+        self._pending.add(opaque, waiter)
         return opaque
 
     def abandon(self, opaque: int) -> None:
         """Forget a pending request (its response, if one comes, is dropped)."""
-        self._pending.pop(opaque, None)
+        self._pending.discard(opaque)
 
     async def oneway(self, cmd: RemotingCommand) -> None:
         """Send `cmd` with the oneway bit set; returns once the write is accepted by the transport.
@@ -257,7 +262,7 @@ class Connection(asyncio.Protocol):
         """
         if self._closed:
             raise ConnectionClosedError(f"connection to {self.peer_text} is closed")
-        cmd.opaque = self._allocate_opaque()
+        cmd.opaque = self._pending.allocate()
         cmd.flag = (cmd.flag & ~FLAG_RESPONSE) | FLAG_ONEWAY
         self._write(cmd)
         if self._paused:
@@ -315,14 +320,6 @@ class Connection(asyncio.Protocol):
             logger.exception("cannot encode the response to code %d", request.code)
             return False
         return True
-
-    def _allocate_opaque(self) -> int:
-        opaque = self._next_opaque
-        # Skip opaques still pending after a wrap (a request held for 2^31 requests).
-        while opaque in self._pending:
-            opaque = (opaque + 1) & _OPAQUE_MASK
-        self._next_opaque = (opaque + 1) & _OPAQUE_MASK
-        return opaque
 
     def _write(self, cmd: RemotingCommand) -> None:
         transport = self._transport
@@ -394,13 +391,8 @@ class Connection(asyncio.Protocol):
         await waiter
 
     def _expire(self, opaque: int, code: int, timeout_ms: float) -> None:
-        future = self._pending.pop(opaque, None)
-        if future is not None and not future.done():
-            future.set_exception(
-                RequestTimeoutError(
-                    f"request code {code} to {self.peer_text} timed out after {timeout_ms} ms"
-                )
-            )
+        message = f"request code {code} to {self.peer_text} timed out after {timeout_ms} ms"
+        self._pending.expire(opaque, message)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -420,7 +412,8 @@ class Connection(asyncio.Protocol):
             self.connection_lost(None)
 
     def abort(self) -> None:
-        """Close at once, discarding queued writes."""
+        """Close at once, discarding queued writes and what is held of an incomplete frame."""
+        self._inbound.release()
         if self._transport is not None:
             self._transport.abort()
         else:
@@ -444,6 +437,7 @@ class Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         self.peer = socket_address(transport.get_extra_info("peername"))
         self.local = socket_address(transport.get_extra_info("sockname"))
+        self._inbound.name = self.peer_text
         self._last_activity_ms = self._clock.monotonic_ms()
         if self._on_open is not None:
             self._on_open(self)
@@ -455,15 +449,10 @@ class Connection(asyncio.Protocol):
         if self._closed:
             return
         self._closed = True
+        self._inbound.release()
         if exc is not None:
             logger.debug("connection %s lost: %s", self.peer_text, exc)
-        pending = list(self._pending.values())
-        self._pending.clear()
-        for future in pending:
-            if not future.done():
-                future.set_exception(
-                    ConnectionClosedError(f"connection to {self.peer_text} closed")
-                )
+        self._pending.fail_all(self.peer_text)
         self._wake_writers(ConnectionClosedError(f"connection to {self.peer_text} closed"))
         listeners, self._close_listeners = self._close_listeners, []
         for listener in listeners:
@@ -508,17 +497,18 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_activity_ms = self._clock.monotonic_ms()
         try:
-            commands = self._decoder.feed(data)
+            commands = self._inbound.feed(data)
         except ProtocolError as exc:
             logger.warning("closing connection from %s: %s", self.peer_text, exc)
-            if self._transport is not None:
-                self._transport.abort()
+            self.abort()
             return
+        if self._transport is None or self._transport.is_closing():
+            return  # evicted by the frame budget in this read (inbound.py)
         backlog = self._backlog
         budget = self._turn_budget
         for cmd in commands:
             if cmd.flag & FLAG_RESPONSE:
-                self._on_response(cmd)
+                self._pending.answer(cmd, self.peer_text)
             elif backlog or budget <= 0 or self._blocked():
                 backlog.append(cmd)
             else:
@@ -529,18 +519,6 @@ class Connection(asyncio.Protocol):
             self._transport.pause_reading()
             if not self._blocked():
                 self._schedule_drain()
-
-    def _on_response(self, cmd: RemotingCommand) -> None:
-        future = self._pending.pop(cmd.opaque, None)
-        if future is None or future.done():
-            logger.debug(
-                "dropping response code %d opaque %d from %s: no pending request",
-                cmd.code,
-                cmd.opaque,
-                self.peer_text,
-            )
-            return
-        future.set_result(cmd)
 
     def _on_request(self, cmd: RemotingCommand) -> None:
         if self._closed:
@@ -580,6 +558,9 @@ class Connection(asyncio.Protocol):
                     )
                 else:
                     response = await handler(self, cmd)
+        except ProtocolError as exc:
+            self.log_peer_error("bad request code %d from %s: %s", cmd.code, self.peer_text, exc)
+            response = cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(exc))
         except Exception as exc:
             # A task boundary: the handler's failure becomes the peer's SYSTEM_ERROR; the
             # connection stays up.
@@ -596,3 +577,10 @@ class Connection(asyncio.Protocol):
                 await self._drain()
             except ConnectionClosedError:
                 logger.debug("%s closed before the response to %d left", self.peer_text, cmd.code)
+
+    def log_peer_error(self, message: str, *args: object) -> None:
+        """Log a warning about something the peer got wrong, rate-limited per connection
+        (log_limit.py): what a peer can make us log stays small beside what it sends."""
+        if self._peer_errors is None:
+            self._peer_errors = LogLimit(logger, self._clock)
+        self._peer_errors.warning(message, *args)

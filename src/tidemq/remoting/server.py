@@ -3,7 +3,11 @@
 The broker listens on listenPort and on listenPort-2 (RocketMQ's "VIP channel", still the default
 target of Java clients 4.4/4.5), so one server binds a list of ports with the same handlers.
 Idle connections (no bytes in either direction for `idle_timeout_ms`) are closed, as a Java server
-does after 120 s; clients heartbeat every 30 s, so only dead peers are reaped.
+does after 120 s; clients heartbeat every 30 s, so only dead peers are reaped. The same sweep
+closes a connection whose frame has not completed within `frame_completion_timeout_ms`, and one
+FrameBudget bounds the bytes incomplete frames hold across all connections (inbound.py).
+Accepting is ours too (acceptor.py), so running out of descriptors is logged and survived alike
+on asyncio's loop and uvloop.
 """
 
 from __future__ import annotations
@@ -16,16 +20,23 @@ from typing import Final
 
 from tidemq.clock import Clock, SystemClock
 from tidemq.limits import FRAME_SIZE_MAX
+from tidemq.remoting.acceptor import Acceptor, listen
 from tidemq.remoting.connection import TURN_BUDGET, Connection
 from tidemq.remoting.handlers import HandlerTable, RequestHook
+from tidemq.remoting.inbound import (
+    FRAME_COMPLETION_TIMEOUT_MS,
+    INCOMPLETE_FRAME_BYTES_MAX,
+    FrameBudget,
+)
+from tidemq.remoting.log_limit import LogLimit
 
 logger = logging.getLogger(__name__)
 
 # As a Java server's channel idle time; three missed client heartbeats and then some.
 IDLE_TIMEOUT_MS_DEFAULT: Final = 120_000
-# The idle sweep runs this many times per idle period, so a connection is closed at most a
-# quarter period late.
-_IDLE_SWEEPS_PER_TIMEOUT: Final = 4
+# The sweep runs this many times per idle period (or frame completion timeout, if shorter), so a
+# connection is closed at most a quarter period late.
+_SWEEPS_PER_TIMEOUT: Final = 4
 
 ConnectionListener = Callable[[Connection], None]
 
@@ -34,7 +45,8 @@ class RemotingServer:
     """Serve `handlers` on `host`:`port` (0 picks a free port) and on each of `extra_ports`.
 
     `turn_budget`: how much of one read a connection starts in the iteration that read it
-    (None: all of it); see remoting/connection.py.
+    (None: all of it); see remoting/connection.py. `incomplete_frame_bytes_max` and
+    `frame_completion_timeout_ms`: the limits on incomplete frames (remoting/inbound.py).
     """
 
     def __init__(
@@ -50,8 +62,13 @@ class RemotingServer:
         extra_ports: Sequence[int] = (),
         clock: Clock | None = None,
         turn_budget: int | None = TURN_BUDGET,
+        incomplete_frame_bytes_max: int = INCOMPLETE_FRAME_BYTES_MAX,
+        frame_completion_timeout_ms: int = FRAME_COMPLETION_TIMEOUT_MS,
     ) -> None:
         assert idle_timeout_ms > 0
+        assert frame_completion_timeout_ms > 0
+        # Below one maximal frame, a legitimate maximal frame could never be received.
+        assert incomplete_frame_bytes_max >= frame_size_max + 4
         self._handlers = handlers
         self._host = host
         self._port_requested = port
@@ -62,7 +79,12 @@ class RemotingServer:
         self._idle_timeout_ms = idle_timeout_ms
         self._turn_budget = turn_budget
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self._servers: list[asyncio.Server] = []
+        self._frame_completion_timeout_ms = frame_completion_timeout_ms
+        self.frame_budget = FrameBudget(incomplete_frame_bytes_max, LogLimit(logger, self._clock))
+        # One limit per kind of trouble, so a storm of one kind does not hide the others.
+        self._timeout_log = LogLimit(logger, self._clock)
+        self._accept_log = LogLimit(logger, self._clock)
+        self._acceptors: list[Acceptor] = []
         self._ports: list[int] = []
         self._connections: set[Connection] = set()
         self._open_listeners: list[ConnectionListener] = []
@@ -101,19 +123,24 @@ class RemotingServer:
         Raises:
             OSError: a port could not be bound (nothing stays bound).
         """
-        assert not self._servers, "server already started"
-        loop = asyncio.get_running_loop()
+        assert not self._acceptors, "server already started"
         try:
             for port in (self._port_requested, *self._extra_ports):
-                server = await loop.create_server(
-                    self._new_protocol, self._host, port, reuse_address=True
+                acceptor = Acceptor(
+                    listen(self._host, port),
+                    self._new_protocol,
+                    name=self.name,
+                    log=self._accept_log,
                 )
-                self._servers.append(server)
-                self._ports.append(server.sockets[0].getsockname()[1])
+                self._acceptors.append(acceptor)
+                self._ports.append(acceptor.port)
         except OSError:
             await self._close_servers()
             raise
-        self._idle_task = loop.create_task(self._sweep_idle(), name=f"{self.name}-idle")
+        for acceptor in self._acceptors:
+            acceptor.start()
+        loop = asyncio.get_running_loop()
+        self._idle_task = loop.create_task(self._sweep(), name=f"{self.name}-sweep")
         logger.info("%s listening on %s ports %s", self.name, self._host, self._ports)
 
     async def stop(self) -> None:
@@ -134,17 +161,16 @@ class RemotingServer:
             logger.info("%s stopped", self.name)
 
     async def _close_servers(self) -> None:
-        servers, self._servers = self._servers, []
-        for server in servers:
-            server.close()
-        for server in servers:
-            await server.wait_closed()
+        acceptors, self._acceptors = self._acceptors, []
+        for acceptor in acceptors:
+            await acceptor.close()
 
     def _new_protocol(self) -> asyncio.Protocol:
         return Connection(
             self._handlers,
             clock=self._clock,
             frame_size_max=self._frame_size_max,
+            frame_budget=self.frame_budget,
             request_hook=self._request_hook,
             read_while_blocked=False,
             turn_budget=self._turn_budget,
@@ -170,17 +196,35 @@ class RemotingServer:
             except Exception:
                 logger.exception("%s: connection-close listener failed", self.name)
 
-    async def _sweep_idle(self) -> None:
-        interval_s = self._idle_timeout_ms / _IDLE_SWEEPS_PER_TIMEOUT / 1000
+    async def _sweep(self) -> None:
+        timeout_ms = min(self._idle_timeout_ms, self._frame_completion_timeout_ms)
+        interval_s = timeout_ms / _SWEEPS_PER_TIMEOUT / 1000
         while True:
             await asyncio.sleep(interval_s)
             now_ms = self._clock.monotonic_ms()
             for connection in list(self._connections):
-                if now_ms - connection.last_activity_ms >= self._idle_timeout_ms:
-                    logger.info(
-                        "%s: closing %s, idle for %d ms",
-                        self.name,
-                        connection.peer_text,
-                        now_ms - connection.last_activity_ms,
-                    )
-                    connection.close()
+                self._sweep_one(connection, now_ms)
+
+    def _sweep_one(self, connection: Connection, now_ms: float) -> None:
+        """Close `connection` if it is idle, or if its current frame is overdue. A frame is not
+        overdue while we stopped reading it (backpressure): the delay is ours, not the peer's."""
+        since_ms = connection.incomplete_frame_since_ms
+        overdue = since_ms is not None and now_ms - since_ms >= self._frame_completion_timeout_ms
+        if overdue and not connection.reading_paused:
+            assert since_ms is not None
+            self._timeout_log.warning(
+                "%s: closing %s: a frame incomplete for %d ms (limit %d ms)",
+                self.name,
+                connection.peer_text,
+                now_ms - since_ms,
+                self._frame_completion_timeout_ms,
+            )
+            connection.abort()
+        elif now_ms - connection.last_activity_ms >= self._idle_timeout_ms:
+            logger.info(
+                "%s: closing %s, idle for %d ms",
+                self.name,
+                connection.peer_text,
+                now_ms - connection.last_activity_ms,
+            )
+            connection.close()
