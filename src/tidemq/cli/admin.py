@@ -228,7 +228,7 @@ def run_consume(args: argparse.Namespace) -> int:
     from tidemq.client.blocking import BlockingPullConsumer
     from tidemq.client.message import PullStatus
 
-    received = 0
+    received = skipped = 0
     try:
         with BlockingPullConsumer(args.group, args.namesrv_addr) as consumer:
             queues = consumer.fetch_subscribe_message_queues(args.topic)
@@ -243,6 +243,14 @@ def run_consume(args: argparse.Namespace) -> int:
                 progressed = False
                 for queue in queues:
                     result = consumer.pull(queue, args.expression, offsets[queue], 32)
+                    # Undecodable records are skipped (the offset moves past them), not fatal.
+                    for bad in result.undecodable:
+                        skipped += 1
+                        print(
+                            f"skipped undecodable message [{queue.broker_name}:{queue.queue_id}"
+                            f"@{bad.queue_offset}]: {bad.reason}",
+                            file=sys.stderr,
+                        )
                     for message in result.messages:
                         if args.count is not None and received >= args.count:
                             break
@@ -261,7 +269,8 @@ def run_consume(args: argparse.Namespace) -> int:
                     time.sleep(0.05)  # polling a CLI loop; long polling serves real consumers
     except QueueError as error:
         return _fail(error)
-    print(f"{received} message(s)", file=sys.stderr)
+    summary = f", {skipped} undecodable skipped" if skipped else ""
+    print(f"{received} message(s){summary}", file=sys.stderr)
     return 0
 
 

@@ -3,14 +3,14 @@
 Each turns a typed header into a RemotingCommand, sends it to the master of the queue's broker and
 turns the answer into Python values, raising `tidemq.errors.BrokerError` subclasses for codes the
 caller does not expect. The push consumer, the pull consumer and the admin client share them, so
-the wire use of each code lives in one place. `decode_pull_response` is pure (unit-tested).
+the wire use of each code lives in one place. A pull's answer is decoded by pull_answer.py (pure).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
-from typing import Final
 
 from tidemq.errors import BrokerError, ClientError, ProtocolError, error_for_code
 from tidemq.protocol import message as pm
@@ -32,56 +32,22 @@ from tidemq.protocol.headers import (
     GetMinOffsetRequestHeader,
     OffsetResponseHeader,
     PullMessageRequestHeader,
-    PullMessageResponseHeader,
     QueryConsumerOffsetRequestHeader,
     SearchOffsetRequestHeader,
     UpdateConsumerOffsetRequestHeader,
 )
-from tidemq.protocol.record import decode_records
 
 from .instance import ClientInstance
-from .message import MessageExt, PullResult, PullStatus
+from .message import MessageExt, PullResult
+from .pull_answer import decode_pull_response
 
 logger = logging.getLogger(__name__)
-
-_PULL_STATUS: Final[dict[int, PullStatus]] = {
-    ResponseCode.SUCCESS: PullStatus.FOUND,
-    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
-    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
-    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
-}
 
 
 def _checked(response: RemotingCommand, *ok: int) -> RemotingCommand:
     if response.code not in (ResponseCode.SUCCESS, *ok):
         raise error_for_code(response.code, response.remark)
     return response
-
-
-def decode_pull_response(
-    response: RemotingCommand, mq: MessageQueue, tag_filter: pm.TagFilter
-) -> PullResult:
-    """The PullResult of a PULL_MESSAGE answer (BrokerError for a non-pull code).
-
-    Messages are filtered again by tag string: the broker filters by tag hash, and hashes collide.
-    """
-    status = _PULL_STATUS.get(response.code)
-    if status is None:
-        raise error_for_code(response.code, response.remark)
-    header = PullMessageResponseHeader.from_fields(response.ext_fields)
-    messages: list[MessageExt] = []
-    if status is PullStatus.FOUND:
-        for stored in decode_records(response.body):
-            message = MessageExt.from_stored(stored, mq.broker_name)
-            if tag_filter.matches_all or tag_filter.matches_tag(message.tags):
-                messages.append(message)
-    return PullResult(
-        status=status,
-        next_begin_offset=header.next_begin_offset,
-        min_offset=header.min_offset,
-        max_offset=header.max_offset,
-        messages=messages,
-    )
 
 
 async def pull(
@@ -111,9 +77,20 @@ async def pull(
         sub_version=sub_version,
         expression_type=pm.EXPRESSION_TYPE_TAG,
     )
+    tag_filter = pm.parse_tag_expression(expression)
     cmd = RemotingCommand(code=RequestCode.PULL_MESSAGE, ext_fields=header.to_fields())
     response = await instance.invoke_broker(mq.broker_name, cmd, timeout_ms)
-    return decode_pull_response(response, mq, pm.parse_tag_expression(expression))
+    result = decode_pull_response(
+        response, mq, tag_filter, requested_offset=offset, max_nums=max_nums
+    )
+    if result is None:
+        # The body's framing broke at its first record: one message at a time finds its end.
+        header = dataclasses.replace(header, max_msg_nums=1)
+        cmd = RemotingCommand(code=RequestCode.PULL_MESSAGE, ext_fields=header.to_fields())
+        response = await instance.invoke_broker(mq.broker_name, cmd, timeout_ms)
+        result = decode_pull_response(response, mq, tag_filter, requested_offset=offset)
+    assert result is not None  # one message asked for: never None
+    return result
 
 
 async def query_consumer_offset(instance: ClientInstance, group: str, mq: MessageQueue) -> int:

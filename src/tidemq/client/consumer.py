@@ -5,11 +5,15 @@
       the topic → allocate_averagely (rebalance.py); broadcasting: every queue
       new queue → first offset (stored offset, else the CONSUME_FROM_* rule of offset_store.py)
                 → orderly: LOCK_BATCH_MQ first → start its pull loop
-      dropped queue → stop its pull loop, commit its offset, orderly: UNLOCK_BATCH_MQ
+      dropped queues → all at once: stop their pull loops and listener calls, commit their
+                offsets, orderly: UNLOCK_BATCH_MQ (assignment.py: why at once)
     pull loop (one task per queue)
       wait while the queue caches ≥ pull_threshold messages (flow control)
       PULL_MESSAGE sysFlag SUSPEND|SUBSCRIPTION(|COMMIT_OFFSET): held ≤ 15 s, 30 s timeout
-      → ProcessQueue → listener; on a transport error wait 3 s and try again
+      → ProcessQueue → listener; on a transport error wait 3 s and try again. A record that
+      cannot be decoded (e.g. COMPRESSED but not zlib) is skipped, counted in
+      `undecodable_count` and logged (rate-limited), and the offset moves past it
+      (pull_answer.py), so it never blocks the messages behind it
     listener
       concurrent: batches of ≤ consume_batch_max run as tasks, ≤ consume_concurrency at once. A
         failed batch (RECONSUME_LATER or an exception) is sent back (CONSUMER_SEND_MSG_BACK, delay
@@ -38,18 +42,18 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from tidemq.clock import Clock
-from tidemq.errors import BrokerError, ClientError, ProtocolError, QueueError
+from tidemq.errors import BrokerError, ClientError, ProtocolError
 from tidemq.limits import MIB, PULL_SUSPEND_MS_DEFAULT, PULL_TIMEOUT_MS_DEFAULT
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import ConsumerData, MessageQueue
 from tidemq.protocol.headers import PullSysFlag
 
 from . import api
+from .assignment import OwnedQueue, allocate, commit_offsets, first_offset, release_queues
 from .instance import ClientInstance
 from .listener import Listener, Subscription, call_listener, restore_retry_topic
 from .message import (
@@ -58,10 +62,10 @@ from .message import (
     MessageModel,
     PullStatus,
 )
-from .offset_store import InitialOffset, LocalOffsetFile, OffsetTable, initial_offset_rule
+from .offset_store import LocalOffsetFile, OffsetTable
 from .process_queue import ProcessQueue
-from .rebalance import allocate_averagely, diff_assignment
-from .route_cache import master_addresses, subscribe_queues
+from .pull_answer import UndecodableLog
+from .rebalance import diff_assignment
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +83,6 @@ SHUTDOWN_CONSUME_WAIT_MS: Final = 10_000
 # Flow control per queue, as RocketMQ's pullThresholdForQueue / pullThresholdSizeForQueue.
 PULL_THRESHOLD_MESSAGES_DEFAULT: Final = 1_000
 PULL_THRESHOLD_BYTES_DEFAULT: Final = 100 * MIB
-
-
-@dataclass(slots=True)
-class _QueueState:
-    mq: MessageQueue
-    pq: ProcessQueue
-    next_offset: int
-    tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
 
 class PushConsumer:
@@ -137,8 +133,9 @@ class PushConsumer:
         self._persist_interval_ms = persist_interval_ms
         self._subscriptions: dict[str, Subscription] = {}
         self._listener: Listener | None = None
-        self._queues: dict[MessageQueue, _QueueState] = {}
+        self._queues: dict[MessageQueue, OwnedQueue] = {}
         self._offsets = OffsetTable()
+        self._undecodable = UndecodableLog(group, self._clock)
         self._offset_file: LocalOffsetFile | None = None
         if self.message_model is MessageModel.BROADCASTING:
             base = Path(offset_store_dir) if offset_store_dir else Path.home() / ".tidemq_offsets"
@@ -201,6 +198,13 @@ class PushConsumer:
 
     def assigned_queues(self) -> list[MessageQueue]:
         return sorted(self._queues)
+
+    @property
+    def undecodable_count(self) -> int:
+        """Messages skipped because they could not be decoded (e.g. a COMPRESSED body that is
+        not zlib data, a CRC mismatch). Each is logged (rate-limited) and committed past, so it
+        does not block the queue; see client/pull_answer.py."""
+        return self._undecodable.count
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -283,97 +287,92 @@ class PushConsumer:
                     await self._rebalance_wanted.wait()
 
     async def rebalance(self) -> None:
-        """One rebalance round over every subscribed topic."""
+        """One rebalance round over every subscribed topic.
+
+        Every topic's share is fetched first, then every queue given up is released together
+        (assignment.py), then the new queues start: a round never keeps consuming a queue it is
+        giving up while it waits on another queue's commit. While the shares are fetched, the
+        offsets changed since the last commit are committed: a new owner that reads a queue's
+        offset before this round releases the queue then starts from about where we are, not
+        from what the last pull carried.
+        """
         async with self._rebalance_lock:
-            for topic in sorted(self._subscriptions):
-                mine = await self._allocate(topic)
-                if mine is not None:
-                    await self._update_assignment(topic, mine)
+            topics = sorted(self._subscriptions)
+            allocations = asyncio.gather(
+                *(
+                    allocate(self._instance, self._group, topic, clustering=self.clustering)
+                    for topic in topics
+                )
+            )
+            if self.clustering:
+                shares, _ = await asyncio.gather(allocations, self._persist(all_queues=False))
+            else:
+                shares = await allocations
+            # A topic whose share is unknown this round (None) keeps what it has.
+            pairs = zip(topics, shares, strict=True)
+            wanted = {topic: mine for topic, mine in pairs if mine is not None}
+            given_up: list[MessageQueue] = []
+            for topic, mine in wanted.items():
+                current = [mq for mq in self._queues if mq.topic == topic]
+                given_up += diff_assignment(current, mine)[1]
+            await release_queues(
+                self._instance,
+                self._group,
+                [self._queues.pop(mq) for mq in given_up],
+                self._offsets,
+                clustering=self.clustering,
+                orderly=self.orderly,
+            )
+            for mine in wanted.values():
+                await self._take_queues([mq for mq in mine if mq not in self._queues])
 
-    async def _allocate(self, topic: str) -> list[MessageQueue] | None:
-        """This consumer's queues of `topic`; None means "unknown, change nothing this round"."""
-        try:
-            route = await self._instance.route(topic)
-        except QueueError as exc:
-            logger.debug("%s: no route for %s yet: %s", self._group, topic, exc)
-            return None
-        queues = subscribe_queues(topic, route)
-        if not self.clustering:
-            return queues
-        for addr in sorted(master_addresses(route).values()):
-            try:
-                ids = await api.consumer_ids(self._instance, self._group, addr)
-            except (ClientError, BrokerError, ProtocolError) as exc:
-                logger.info("%s: consumer list from %s failed: %s", self._group, addr, exc)
-                continue
-            if self._instance.client_id not in ids:
-                # The broker has not seen our heartbeat yet: say hello and wait for next round.
-                await self._instance.heartbeat()
-                return None
-            return allocate_averagely(self._instance.client_id, queues, ids)
-        return None
-
-    async def _update_assignment(self, topic: str, mine: list[MessageQueue]) -> None:
-        current = [mq for mq in self._queues if mq.topic == topic]
-        added, removed = diff_assignment(current, mine)
-        for mq in removed:
-            await self._drop_queue(mq)
+    async def _take_queues(self, added: list[MessageQueue]) -> None:
         if added and self.orderly and self.clustering:
             locked = await self._lock(added)
             added = [mq for mq in added if mq in locked]
-        for mq in added:
-            try:
-                offset = await self._initial_offset(mq)
-            except (ClientError, BrokerError, ProtocolError) as exc:
-                logger.warning("%s: no start offset for %s yet: %s", self._group, mq, exc)
+        # Every start offset at once: a round that takes many queues takes one round trip, so
+        # the next round (which may give queues up) is not held back by it.
+        offsets = await asyncio.gather(
+            *(
+                first_offset(
+                    self._instance,
+                    self._group,
+                    mq,
+                    known=None if self.clustering else self._local_offset(mq),
+                    consume_from_where=self.consume_from_where,
+                    consume_timestamp_ms=self.consume_timestamp_ms,
+                )
+                for mq in added
+            ),
+            return_exceptions=True,
+        )
+        for mq, offset in zip(added, offsets, strict=True):
+            if isinstance(offset, (ClientError, BrokerError, ProtocolError)):
+                logger.warning("%s: no start offset for %s yet: %s", self._group, mq, offset)
                 continue
-            self._offsets.update(mq, offset, increase_only=False)
-            state = _QueueState(mq, ProcessQueue(), offset)
-            if self.orderly and self.clustering:
-                state.pq.locked = True
-                state.pq.lock_renewed_at_ms = self._clock.monotonic_ms()
-            state.tasks.append(asyncio.create_task(self._pull_loop(state)))
-            if self.orderly:
-                state.tasks.append(asyncio.create_task(self._orderly_loop(state)))
-            self._queues[mq] = state
-            logger.info("%s: consuming %s from offset %d", self._group, mq, offset)
+            if isinstance(offset, BaseException):
+                raise offset
+            self._start_queue(mq, offset)
 
-    async def _drop_queue(self, mq: MessageQueue) -> None:
-        state = self._queues.pop(mq)
-        state.pq.drop()
-        for task in state.tasks:
-            task.cancel()
-        await asyncio.gather(*state.tasks, return_exceptions=True)
-        offset = self._offsets.get(mq)
-        if offset is not None and self.clustering:
-            try:
-                await api.update_consumer_offset(self._instance, self._group, mq, offset)
-            except (ClientError, BrokerError) as exc:
-                logger.warning("%s: commit of dropped %s failed: %s", self._group, mq, exc)
-        if self.clustering:
-            self._offsets.remove(mq)
+    def _start_queue(self, mq: MessageQueue, offset: int) -> None:
+        self._offsets.update(mq, offset, increase_only=False)
+        state = OwnedQueue(mq, ProcessQueue(), offset)
         if self.orderly and self.clustering:
-            await self._unlock([mq])
-        logger.info("%s: stopped consuming %s", self._group, mq)
+            state.pq.locked = True
+            state.pq.lock_renewed_at_ms = self._clock.monotonic_ms()
+        state.tasks.append(asyncio.create_task(self._pull_loop(state)))
+        if self.orderly:
+            state.tasks.append(asyncio.create_task(self._orderly_loop(state)))
+        self._queues[mq] = state
+        logger.info("%s: consuming %s from offset %d", self._group, mq, offset)
 
-    async def _initial_offset(self, mq: MessageQueue) -> int:
-        if self.clustering:
-            stored = await api.query_consumer_offset(self._instance, self._group, mq)
-        else:
-            known = self._offsets.get(mq)
-            stored = -1 if known is None else known
-        if stored >= 0:
-            return stored
-        rule = initial_offset_rule(self.consume_from_where, mq.topic)
-        if rule is InitialOffset.ZERO:
-            return 0
-        if rule is InitialOffset.BY_TIMESTAMP and self.consume_timestamp_ms is not None:
-            return await api.search_offset(self._instance, mq, self.consume_timestamp_ms)
-        return await api.max_offset(self._instance, mq)
+    def _local_offset(self, mq: MessageQueue) -> int:
+        known = self._offsets.get(mq)
+        return -1 if known is None else known
 
     # -- pulling ---------------------------------------------------------------------------
 
-    async def _pull_loop(self, state: _QueueState) -> None:
+    async def _pull_loop(self, state: OwnedQueue) -> None:
         mq, pq = state.mq, state.pq
         subscription = self._subscriptions[mq.topic]
         while not pq.dropped:
@@ -409,6 +408,7 @@ class PushConsumer:
             if pq.dropped:
                 return
             state.next_offset = result.next_begin_offset
+            self._undecodable.record(result.undecodable)
             if result.status is PullStatus.OFFSET_ILLEGAL:
                 logger.warning(
                     "%s: offset of %s illegal, moving to %d", self._group, mq, state.next_offset
@@ -416,13 +416,14 @@ class PushConsumer:
                 self._offsets.update(mq, state.next_offset, increase_only=False)
                 continue
             added = pq.put(result.messages)
+            pq.pulled_to(result.next_begin_offset)
             if added:
                 self._dispatch(state, added)
-            elif pq.cached_count == 0:
-                # Nothing pending (e.g. every message filtered out): the offset may move on.
-                self._offsets.update(mq, state.next_offset)
+            else:
+                # Nothing new (filtered out or undecodable): with nothing pending, move on.
+                self._offsets.update(mq, pq.commit_offset())
 
-    def _dispatch(self, state: _QueueState, messages: list[MessageExt]) -> None:
+    def _dispatch(self, state: OwnedQueue, messages: list[MessageExt]) -> None:
         if self.orderly:
             state.pq.notify()
             return
@@ -440,7 +441,7 @@ class PushConsumer:
         view = [self._restore_topic(m) for m in messages]
         return await call_listener(self._listener, view, self._executor, self._group)
 
-    async def _consume_concurrently(self, state: _QueueState, messages: list[MessageExt]) -> None:
+    async def _consume_concurrently(self, state: OwnedQueue, messages: list[MessageExt]) -> None:
         async with self._semaphore:
             if state.pq.dropped or self._closed:
                 return
@@ -473,7 +474,7 @@ class PushConsumer:
         if offset >= 0 and not state.pq.dropped:
             self._offsets.update(state.mq, offset)
 
-    async def _retry_later(self, state: _QueueState, messages: list[MessageExt]) -> None:
+    async def _retry_later(self, state: OwnedQueue, messages: list[MessageExt]) -> None:
         await asyncio.sleep(LOCAL_RETRY_DELAY_MS / 1000)
         if not state.pq.dropped and not self._closed:
             await self._consume_concurrently(state, messages)
@@ -484,7 +485,7 @@ class PushConsumer:
         age_ms = self._clock.monotonic_ms() - pq.lock_renewed_at_ms
         return pq.locked and age_ms < LOCK_TRUST_MS
 
-    async def _orderly_loop(self, state: _QueueState) -> None:
+    async def _orderly_loop(self, state: OwnedQueue) -> None:
         pq = state.pq
         while not pq.dropped:
             if not pq.has_pending:
@@ -564,12 +565,8 @@ class PushConsumer:
         if self._offset_file is not None:
             await asyncio.to_thread(self._offset_file.save, self._offsets.items())
             return
-        for mq, offset in sorted(dirty.items()):
-            try:
-                await api.update_consumer_offset(self._instance, self._group, mq, offset)
-            except (ClientError, BrokerError) as exc:
-                logger.warning("%s: commit %s=%d failed: %s", self._group, mq, offset, exc)
-                self._offsets.mark_dirty([mq])
+        failed = await commit_offsets(self._instance, self._group, dirty)
+        self._offsets.mark_dirty(failed)
 
     def committed_offsets(self) -> dict[MessageQueue, int]:
         """The offsets as this consumer last recorded them (for tests and monitoring)."""

@@ -35,6 +35,7 @@ __all__ = [
     "PullStatus",
     "SendResult",
     "SendStatus",
+    "UndecodableMessage",
 ]
 
 
@@ -169,14 +170,34 @@ class PullStatus(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class UndecodableMessage:
+    """A stored record a pull returned that the client could not decode, and so skipped.
+
+    E.g. a body flagged COMPRESSED that is not zlib data, or a CRC mismatch. `queue_offset` is
+    read from the record's own header, which may be what is corrupt: it is for reports, not for
+    moving offsets (`PullResult.next_begin_offset` already lies past the record).
+    """
+
+    message_queue: MessageQueue
+    queue_offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class PullResult:
-    """One pull's answer. Move to `next_begin_offset` in every case (remoting.md §4.2)."""
+    """One pull's answer. Move to `next_begin_offset` in every case (remoting.md §4.2).
+
+    `undecodable` lists the records of the answer that could not be decoded: they are not in
+    `messages`, and `next_begin_offset` moves past them like past a filtered message, so one bad
+    record never blocks the messages behind it (client/pull_answer.py).
+    """
 
     status: PullStatus
     next_begin_offset: int
     min_offset: int
     max_offset: int
     messages: Sequence[MessageExt] = ()
+    undecodable: Sequence[UndecodableMessage] = ()
 
 
 class ConsumeConcurrentlyStatus(enum.Enum):

@@ -2,12 +2,14 @@
 
 Messages of one queue arrive in increasing queue offset, so an insertion-ordered dict keyed by
 offset stays sorted: its first key is the lowest unfinished message. The offset committed for a
-queue is that key (messages below it are all done), or one past the highest offset seen when
-nothing is pending. So a slow or failing message holds the committed offset back, never forward:
-after a crash the group re-delivers from the lowest unfinished message (at-least-once).
+queue is that key (messages below it are all done), or, when nothing is pending, the furthest
+`next_begin_offset` pulls have reached (`pulled_to`): past messages the tag filter dropped and
+records that could not be decoded (client/pull_answer.py), so neither holds the queue back. A
+slow or failing message holds the committed offset back, never forward: after a crash the group
+re-delivers from the lowest unfinished message (at-least-once).
 
-    pulled:   10 11 12 13 14          consumed: 10 12 13
-    pending:     11       14          commit offset = 11
+    pulled:   10 11 12 13 14 [15 undecodable]  next_begin_offset 16    consumed: 10 12 13
+    pending:     11       14                   commit offset = 11 (16 once 11 and 14 are done)
 
 Orderly consumption takes messages out in order into an "in flight" set (`take`), and either
 commits them (`commit_taken`) or puts them back for another try (`return_taken`).
@@ -29,6 +31,8 @@ class ProcessQueue:
         self._pending: dict[int, MessageExt] = {}
         self._taken: dict[int, MessageExt] = {}
         self._max_offset_seen = -1
+        # The furthest next_begin_offset of a pull whose messages were all put here (-1: none).
+        self._pulled_to = -1
         self._bytes = 0
         self._changed = asyncio.Event()
         self.dropped = False
@@ -61,6 +65,10 @@ class ProcessQueue:
             added.append(message)
         return added
 
+    def pulled_to(self, next_begin_offset: int) -> None:
+        """A pull's messages were put: everything below `next_begin_offset` is here or done."""
+        self._pulled_to = max(self._pulled_to, next_begin_offset)
+
     def remove(self, messages: Iterable[MessageExt]) -> int:
         """Mark messages done; returns the offset to commit (-1 if nothing was ever added)."""
         for message in messages:
@@ -71,11 +79,12 @@ class ProcessQueue:
         return self.commit_offset()
 
     def commit_offset(self) -> int:
-        """The lowest unfinished offset, or one past the highest seen (-1: nothing seen)."""
+        """The lowest unfinished offset, else how far pulls reached (-1: nothing seen)."""
         lowest = [next(iter(d)) for d in (self._taken, self._pending) if d]
         if lowest:
             return min(lowest)
-        return self._max_offset_seen + 1 if self._max_offset_seen >= 0 else -1
+        seen_end = self._max_offset_seen + 1 if self._max_offset_seen >= 0 else -1
+        return max(seen_end, self._pulled_to)
 
     # Orderly: one batch in flight at a time, in offset order.
 

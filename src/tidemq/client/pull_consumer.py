@@ -6,6 +6,11 @@ may store them in the broker with `update_consumer_offset`. `pull` never waits f
 broker answers at once, sysFlag SUBSCRIPTION); `pull_block_if_not_found` lets the broker hold the
 request (long polling, sysFlag SUSPEND|SUBSCRIPTION) until a message arrives or `suspend_ms`
 passes.
+
+A stored record that cannot be decoded (e.g. flagged COMPRESSED but not zlib data) is not in
+`PullResult.messages`: it is listed in `PullResult.undecodable`, counted in `undecodable_count`
+and logged (rate-limited), and `next_begin_offset` lies past it, so a caller that moves on to
+`next_begin_offset` (as it should in every case) and stores that offset commits past it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from tidemq.protocol.headers import PullSysFlag
 from . import api
 from .instance import ClientInstance
 from .message import MessageModel, PullResult
+from .pull_answer import UndecodableLog
 from .route_cache import subscribe_queues
 
 # As RocketMQ's consumerTimeoutMillisWhenSuspend (blocking pulls) and a plain pull's timeout.
@@ -48,6 +54,7 @@ class PullConsumer:
             namesrv_addr, clock=clock, instance_name=instance_name
         )
         self.pull_timeout_ms = pull_timeout_ms
+        self._undecodable = UndecodableLog(group, self._instance.clock)
         self._topics: set[str] = set()
         self._started = False
         self._closed = False
@@ -59,6 +66,11 @@ class PullConsumer:
     @property
     def instance(self) -> ClientInstance:
         return self._instance
+
+    @property
+    def undecodable_count(self) -> int:
+        """Records skipped by this consumer's pulls because they could not be decoded."""
+        return self._undecodable.count
 
     async def start(self) -> None:
         if self._started:
@@ -152,7 +164,7 @@ class PullConsumer:
             raise ValueError(f"offset must be >= 0 and max_nums in 1..{PULL_MESSAGE_COUNT_MAX}")
         await self._ensure_route(mq)
         sys_flag = PullSysFlag.SUBSCRIPTION | (PullSysFlag.SUSPEND if block else 0)
-        return await api.pull(
+        result = await api.pull(
             self._instance,
             mq,
             group=self._group,
@@ -163,6 +175,8 @@ class PullConsumer:
             suspend_ms=suspend_ms if block else 0,
             timeout_ms=suspend_ms + SUSPEND_MARGIN_MS if block else self.pull_timeout_ms,
         )
+        self._undecodable.record(result.undecodable)
+        return result
 
     async def update_consumer_offset(self, mq: MessageQueue, offset: int) -> None:
         """Store `offset` (the next to consume) for this group in the queue's broker."""

@@ -1,0 +1,165 @@
+"""Which queues a push consumer holds: asking who owns what, where a new queue starts, and how
+queues are given up. The allocation itself is pure (rebalance.py); this is its I/O.
+
+Giving queues up is where a group start or a scale-out makes duplicates. The new owner starts
+from the offset the broker holds at the moment it asks; whatever the old owner consumes after
+that, or consumed without committing it yet, is delivered twice. So `release_queues` gives up
+every queue of a rebalance round together, in three steps:
+
+    1. stop      mark every released process queue dropped and cancel its pull loop, all at
+                 once and before any await: from here no listener call starts for any of them
+                 (a concurrent batch waiting for a slot checks `dropped` first)
+    2. commit    send every released queue's offset (the lowest unfinished message) at once:
+                 one round trip for the lot, not one per queue
+    3. release   forget the offsets; orderly: UNLOCK_BATCH_MQ, so the new owner may lock
+
+as upstream drops the process queue and persists its offset on rebalance. Giving queues up one
+at a time (stop, commit, next queue) kept the later queues consuming for a round trip per queue
+while their new owners had already started (10 queues took ~190 ms, 8-13 % duplicates). Two more
+things shorten the race (PushConsumer.rebalance): a round commits the offsets changed so far
+while it asks who is in the group, so a new owner that reads an offset before the release still
+reads about where the old owner is; and a round that takes queues reads all their first offsets
+at once (one round trip, not one per queue), so it does not hold back the next round, which may
+be the one that gives queues up.
+
+What is left duplicated is what was in flight: listener calls already running when the queues
+were dropped (their results no longer move the offset), and what the old owner consumed between
+its last commit and the new owner's offset query, about one pull batch per queue at most.
+tests/integration/test_group_start_duplicates.py states the bound and measures it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from tidemq.errors import BrokerError, ClientError, ProtocolError, QueueError
+from tidemq.protocol.bodies import MessageQueue
+
+from . import api
+from .instance import ClientInstance
+from .message import ConsumeFromWhere
+from .offset_store import InitialOffset, OffsetTable, initial_offset_rule
+from .process_queue import ProcessQueue
+from .rebalance import allocate_averagely
+from .route_cache import master_addresses, subscribe_queues
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class OwnedQueue:
+    """A queue this consumer holds: its process queue, the next offset to pull, its tasks."""
+
+    mq: MessageQueue
+    pq: ProcessQueue
+    next_offset: int
+    tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+
+
+async def allocate(
+    instance: ClientInstance, group: str, topic: str, *, clustering: bool
+) -> list[MessageQueue] | None:
+    """This consumer's queues of `topic`; None means "unknown, change nothing this round"."""
+    try:
+        route = await instance.route(topic)
+    except QueueError as exc:
+        logger.debug("%s: no route for %s yet: %s", group, topic, exc)
+        return None
+    queues = subscribe_queues(topic, route)
+    if not clustering:
+        return queues
+    for addr in sorted(master_addresses(route).values()):
+        try:
+            ids = await api.consumer_ids(instance, group, addr)
+        except (ClientError, BrokerError, ProtocolError) as exc:
+            logger.info("%s: consumer list from %s failed: %s", group, addr, exc)
+            continue
+        if instance.client_id not in ids:
+            # The broker has not seen our heartbeat yet: say hello and wait for next round.
+            await instance.heartbeat()
+            return None
+        return allocate_averagely(instance.client_id, queues, ids)
+    return None
+
+
+async def first_offset(
+    instance: ClientInstance,
+    group: str,
+    mq: MessageQueue,
+    *,
+    known: int | None,
+    consume_from_where: ConsumeFromWhere,
+    consume_timestamp_ms: int | None,
+) -> int:
+    """Where a newly held queue starts: the stored offset, else the CONSUME_FROM_* rule.
+
+    `known` is the locally kept offset (broadcasting); None asks the broker (clustering).
+    """
+    if known is None:
+        stored = await api.query_consumer_offset(instance, group, mq)
+    else:
+        stored = known
+    if stored >= 0:
+        return stored
+    rule = initial_offset_rule(consume_from_where, mq.topic)
+    if rule is InitialOffset.ZERO:
+        return 0
+    if rule is InitialOffset.BY_TIMESTAMP and consume_timestamp_ms is not None:
+        return await api.search_offset(instance, mq, consume_timestamp_ms)
+    return await api.max_offset(instance, mq)
+
+
+async def commit_offsets(
+    instance: ClientInstance, group: str, offsets: dict[MessageQueue, int]
+) -> list[MessageQueue]:
+    """Send every offset to its broker concurrently; returns the queues whose commit failed."""
+    ordered = sorted(offsets.items())
+    results = await asyncio.gather(
+        *(api.update_consumer_offset(instance, group, mq, offset) for mq, offset in ordered),
+        return_exceptions=True,
+    )
+    failed: list[MessageQueue] = []
+    for (mq, offset), result in zip(ordered, results, strict=True):
+        if isinstance(result, (ClientError, BrokerError)):
+            logger.warning("%s: commit %s=%d failed: %s", group, mq, offset, result)
+            failed.append(mq)
+        elif isinstance(result, BaseException):
+            raise result
+    return failed
+
+
+async def release_queues(
+    instance: ClientInstance,
+    group: str,
+    owned: list[OwnedQueue],
+    offsets: OffsetTable,
+    *,
+    clustering: bool,
+    orderly: bool,
+) -> None:
+    """Give up `owned` together: stop them all, commit their offsets, then release them."""
+    if not owned:
+        return
+    # 1. Stop: synchronous up to the first await, so no listener call starts for any of them.
+    for queue in owned:
+        queue.pq.drop()
+        for task in queue.tasks:
+            task.cancel()
+    await asyncio.gather(*(t for q in owned for t in q.tasks), return_exceptions=True)
+    mqs = [queue.mq for queue in owned]
+    if clustering:
+        # 2. Commit (broadcasting offsets stay in the local file, kept for a later return).
+        held = {mq: offset for mq in mqs if (offset := offsets.get(mq)) is not None}
+        try:
+            await commit_offsets(instance, group, held)
+        finally:
+            # Forgotten even if the commit raised: a later commit round must not send them.
+            for mq in mqs:
+                offsets.remove(mq)
+        # 3. Release the broker locks (orderly), now that the offsets are in.
+        if orderly:
+            await api.unlock_queues(instance, group, mqs)
+    logger.info("%s: stopped consuming %s", group, ", ".join(map(str, sorted(mqs))))
