@@ -80,6 +80,11 @@ class ConnectionClosedError(ClientError):
     retriable = True
 
 
+class ConnectFailedError(ConnectionClosedError):
+    """No connection could be opened, so the request never left this process: the peer stored
+    nothing (a caller that must not send twice, such as the Spark sink's halves, may resend)."""
+
+
 class NoRouteError(ClientError):
     pass
 

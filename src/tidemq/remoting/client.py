@@ -13,7 +13,7 @@ import logging
 from typing import Final
 
 from tidemq.clock import Clock, SystemClock
-from tidemq.errors import ClientClosedError, ConnectionClosedError
+from tidemq.errors import ClientClosedError, ConnectFailedError, ConnectionClosedError
 from tidemq.limits import FRAME_SIZE_MAX
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.remoting.address import parse_address
@@ -125,11 +125,11 @@ class RemotingClient:
             async with asyncio.timeout(self._connect_timeout_ms / 1000):
                 await loop.create_connection(lambda: connection, host, port)
         except TimeoutError:
-            raise ConnectionClosedError(
+            raise ConnectFailedError(
                 f"connect to {addr} timed out after {self._connect_timeout_ms} ms"
             ) from None
         except OSError as exc:
-            raise ConnectionClosedError(f"connect to {addr} failed: {exc}") from None
+            raise ConnectFailedError(f"connect to {addr} failed: {exc}") from None
         if self._closed:
             connection.close()
             raise ClientClosedError("remoting client is closed")

@@ -1,12 +1,19 @@
 """The exactly-once sink (`exactlyOnce=true`, the default): half messages ended per batch.
 
 Executors send every row as a half message (TRAN_MSG) tagged with the property __SPARKTXN# =
-`<sinkId>/<batchId>/<partition>/<attempt>`; nothing is visible yet. The driver's `commit`
-sends one TIDEMQ_END_BATCH COMMIT per master of the output topics, listing the (partition,
-attempt) pairs of the successful tasks; each broker records the decision durably, commits the
-listed halves and rolls back the rest of the batch (broker/transaction/batch.py). `abort` sends
+`<sinkId>/<batchId>/<partition>/<attempt>`; nothing is visible yet. Each task reports its txn
+and the brokers its halves went to. The driver's `commit` ends the batch on every one of them in
+two phases, decide then publish, after looking up a decision an earlier attempt of the batch may
+have left (eos_driver.py; ARCHITECTURE.md has the protocol and its failure cases): a batch
+becomes visible on all its brokers or, until a replay finishes it, nowhere new. `abort` sends
 ROLLBACK. Halves nobody ends (a failed attempt, a write landing after an abort, a driver that
 died) are resolved by the broker from its batch records, never by producer check-back.
+
+A send the broker never received (it was down: the connection could not be opened) or refused
+without storing is sent again, on another broker when the producer's fault avoidance or a
+refreshed route offers one (`HalfSender`); any other send failure fails the task, because a
+half that may have been stored must not be stored twice under one txn id (Spark's retry is a
+new attempt, a new txn id).
 
 A batch write's abort is *final* (`abort_write_job`): its sink id is never replayed nor followed
 by a later batch, so the driver closes batch 0 on every master of the cluster even when no task
@@ -21,22 +28,21 @@ Identities, and why:
   batch replayed after a restart runs attempt 0 again; the nonce keeps its halves apart from the
   first run's, so "commit the listed txns" can never publish a replay's rows twice.
 The writer Spark rebuilds for a streaming `commit`/`abort` has another nonce: those read the
-txns, the sink id and the topics from the tasks' commit messages only (spec §3.1). A batch
-write's `commit`/`abort` run on the tasks' own (pickled) writer, so its job id names the sink.
-
-Atomic per broker only: a batch spread over several brokers becomes visible broker by broker.
+txns, the sink id, the topics and the brokers from the tasks' commit messages only (spec §3.1).
+A batch write's `commit`/`abort` run on the tasks' own (pickled) writer, so its job id names
+the sink.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Final
 
-import orjson
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
@@ -45,15 +51,20 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from tidemq.client.blocking import BlockingAdmin, BlockingProducer
+from tidemq.client.blocking import BlockingProducer
 from tidemq.client.message import Message
-from tidemq.errors import BrokerError, error_for_code
-from tidemq.protocol.codes import RequestCode, ResponseCode
-from tidemq.protocol.frame import RemotingCommand
-from tidemq.protocol.headers import EndBatchRequestHeader
-from tidemq.protocol.message import PGROUP, SPARK_TXN, TRAN_MSG, SysFlag
+from tidemq.errors import BrokerError, ClientError, ConnectFailedError, NoRouteError
+from tidemq.protocol.codes import ResponseCode
+from tidemq.protocol.message import PGROUP, SPARK_TXN, TRAN_MSG
 
 from .broker_access import CLIENTS
+from .eos_driver import (
+    BeforeRequest,
+    EosCommitMessage,
+    abort_batch,
+    abort_write_job,
+    commit_batch,
+)
 from .options import SinkOptions
 
 logger = logging.getLogger(__name__)
@@ -61,27 +72,32 @@ logger = logging.getLogger(__name__)
 # Half messages one write task keeps in flight: halves are sent one per request (the broker
 # refuses transactional messages in a batch), so the window hides the round trips.
 HALF_SENDS_IN_FLIGHT_MAX: Final = 32
-# How long the driver waits for one broker's END_BATCH answer, in ms (it may flush to disk).
-END_BATCH_TIMEOUT_MS: Final = 30_000
-# How long the driver waits for a written topic's route (auto-created topics register late), s.
-ROUTE_WAIT_S: Final = 30.0
-ROUTE_POLL_S: Final = 0.2
+# Attempts per half whose earlier attempts were never stored: one per broker of a small cluster
+# and one more, so a task outlives one dead broker without failing the query.
+HALF_SEND_ATTEMPTS_MAX: Final = 4
+# Pause before a resend, times the attempt number, in seconds: lets the name server drop the
+# dead broker from the route the resend refreshes.
+HALF_RESEND_BACKOFF_S: Final = 0.1
+# A task refreshes a topic's route at most this often, in seconds (32 sends in flight fail
+# together when a broker dies).
+ROUTE_REFRESH_INTERVAL_S: Final = 0.5
+# Broker answers that mean the half was not stored (anything else may have been).
+NOT_STORED_CODES: Final = frozenset(
+    {
+        ResponseCode.SYSTEM_BUSY,
+        ResponseCode.FLOW_CONTROL,
+        ResponseCode.SERVICE_NOT_AVAILABLE,
+        ResponseCode.TOPIC_NOT_EXIST,
+        ResponseCode.NO_PERMISSION,
+    }
+)
 
 
-@dataclass(frozen=True)
-class EosCommitMessage(WriterCommitMessage):
-    """What one successful exactly-once write task reports to the driver."""
-
-    sink_id: str
-    batch_id: int
-    partition_id: int
-    attempt: str
-    rows: int
-    topics: tuple[str, ...]
-
-    @property
-    def txn(self) -> str:
-        return f"{self.partition_id}/{self.attempt}"
+def never_stored(exc: Exception) -> bool:
+    """Whether a failed send certainly stored nothing (so sending it again cannot duplicate)."""
+    if isinstance(exc, ConnectFailedError | NoRouteError):
+        return True
+    return isinstance(exc, BrokerError) and exc.response_code in NOT_STORED_CODES
 
 
 def writer_nonce() -> str:
@@ -121,8 +137,69 @@ def task_tag(options: SinkOptions, job_id: str, nonce: str) -> TaskTag:
     )
 
 
+class HalfSender:
+    """One task's half sends: each half is stored at most once (module docstring), and the
+    brokers that stored them are remembered for the commit message. Thread-safe (the send
+    window calls it from its threads)."""
+
+    def __init__(self, producer: BlockingProducer) -> None:
+        self._producer = producer
+        self._lock = threading.Lock()
+        self._brokers: dict[str, str] = {}
+        self._refreshed_at: dict[str, float] = {}
+
+    @property
+    def brokers(self) -> tuple[tuple[str, str], ...]:
+        with self._lock:
+            return tuple(sorted(self._brokers.items()))
+
+    def send(self, message: Message, sharding_key: str | None = None) -> None:
+        for attempt in range(1, HALF_SEND_ATTEMPTS_MAX + 1):
+            try:
+                if sharding_key is None:
+                    result = self._producer.send(message)
+                else:
+                    result = self._producer.send(message, sharding_key=sharding_key)
+            except Exception as exc:
+                if not never_stored(exc) or attempt == HALF_SEND_ATTEMPTS_MAX:
+                    raise
+                logger.warning(
+                    "tidemq sink: half to %s not stored (attempt %d of %d): %s; sending it again",
+                    message.topic,
+                    attempt,
+                    HALF_SEND_ATTEMPTS_MAX,
+                    exc,
+                )
+                time.sleep(HALF_RESEND_BACKOFF_S * attempt)
+                self._refresh_route(message.topic)
+                continue
+            self._stored_on(result.message_queue.broker_name)
+            return
+
+    def _stored_on(self, broker_name: str) -> None:
+        with self._lock:
+            if broker_name in self._brokers:
+                return
+        addr = self._producer.producer.instance.routes.master_address(broker_name) or ""
+        with self._lock:
+            self._brokers[broker_name] = addr
+
+    def _refresh_route(self, topic: str) -> None:
+        """Ask the name server for the topic's route again: a dead broker leaves it."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._refreshed_at.get(topic)
+            if last is not None and now - last < ROUTE_REFRESH_INTERVAL_S:
+                return
+            self._refreshed_at[topic] = now
+        try:
+            self._producer._run(self._producer.producer.instance.fetch_route(topic))
+        except (BrokerError, ClientError) as exc:
+            logger.warning("tidemq sink: route of %s not refreshed: %s", topic, exc)
+
+
 def send_halves(
-    producer: BlockingProducer,
+    sender: HalfSender,
     batches: Iterator[pa.RecordBatch],
     options: SinkOptions,
     tag: TaskTag,
@@ -133,7 +210,7 @@ def send_halves(
     marks = {TRAN_MSG: "true", PGROUP: options.producer_group, SPARK_TXN: tag.value}
     topics: set[str] = set()
     sent = 0
-    window: SendWindow[Message] = SendWindow(producer.send, HALF_SENDS_IN_FLIGHT_MAX, "tidemq-eos")
+    window: SendWindow[Message] = SendWindow(sender.send, HALF_SENDS_IN_FLIGHT_MAX, "tidemq-eos")
     try:
         for batch in batches:
             for message, sharding_key in batch_to_messages(batch, options.topic):
@@ -142,7 +219,7 @@ def send_halves(
                 sent += 1
                 if sharding_key is not None:
                     # In row order: a key's rows keep their order in its queue.
-                    producer.send(message, sharding_key=sharding_key)
+                    sender.send(message, sharding_key)
                     continue
                 window.submit(message)
         window.wait_all()
@@ -156,10 +233,10 @@ def write_task(
 ) -> EosCommitMessage:
     """The executor side of one task: halves out, the commit message back."""
     tag = task_tag(options, job_id, nonce)
-    # No send retries: a retried half could be stored twice under one txn id. A failed send
-    # fails the task, and Spark's retry is a new attempt (a new txn id).
+    # No producer retries: only HalfSender resends, and only what was certainly not stored.
     producer = CLIENTS.producer(options.name_server, options.producer_group, retry_times=0)
-    rows, topics = send_halves(producer, batches, options, tag)
+    sender = HalfSender(producer)
+    rows, topics = send_halves(sender, batches, options, tag)
     return EosCommitMessage(
         sink_id=tag.sink_id,
         batch_id=tag.batch_id,
@@ -167,140 +244,8 @@ def write_task(
         attempt=tag.attempt,
         rows=rows,
         topics=tuple(sorted(topics | ({options.topic} if options.topic else set()))),
+        brokers=sender.brokers,
     )
-
-
-# -- driver ---------------------------------------------------------------------------------
-
-
-def master_addresses(admin: BlockingAdmin, topics: Sequence[str]) -> list[str]:
-    """Every master address serving any of `topics`, sorted. A topic the sends auto-created
-    may reach the name server a little later: its route is awaited up to ROUTE_WAIT_S."""
-    addrs: set[str] = set()
-    for topic in topics:
-        deadline = time.monotonic() + ROUTE_WAIT_S
-        while True:
-            try:
-                route = admin.topic_route(topic)
-                break
-            except BrokerError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(ROUTE_POLL_S)
-        addrs.update(b.master_addr for b in route.broker_datas if b.master_addr)
-    return sorted(addrs)
-
-
-def end_batch(
-    options: SinkOptions,
-    messages: Sequence[WriterCommitMessage | None],
-    batch_id: int | None,
-    *,
-    commit: bool,
-) -> dict[str, dict[str, str]]:
-    """Send TIDEMQ_END_BATCH to every master of the written topics; returns each broker's
-    answer fields. Raises the BrokerError of the first refusal."""
-    done = [m for m in messages if isinstance(m, EosCommitMessage)]
-    if not done:
-        if commit:
-            return {}
-        logger.warning(
-            "tidemq sink aborted batch %s with no task message; its halves stay invisible and "
-            "the brokers roll them back from their batch records",
-            batch_id,
-        )
-        return {}
-    sink_ids = {m.sink_id for m in done}
-    batch_ids = {m.batch_id for m in done}
-    assert len(sink_ids) == 1, sink_ids
-    assert len(batch_ids) == 1, batch_ids
-    sink_id, task_batch = sink_ids.pop(), batch_ids.pop()
-    if batch_id is not None and batch_id != task_batch:
-        raise RuntimeError(f"tasks wrote batch {task_batch}, the driver ends batch {batch_id}")
-    topics = sorted({t for m in done for t in m.topics})
-    admin = CLIENTS.get(options.name_server).admin
-    answers = send_end_batch(
-        admin,
-        master_addresses(admin, topics),
-        sink_id,
-        task_batch,
-        {"txns": sorted(m.txn for m in done)},
-        commit=commit,
-    )
-    logger.info(
-        "tidemq sink %s batch %d of %s: %d rows from %d tasks, brokers %s",
-        "committed" if commit else "rolled back",
-        task_batch,
-        sink_id,
-        sum(m.rows for m in done),
-        len(done),
-        answers,
-    )
-    return answers
-
-
-def send_end_batch(
-    admin: BlockingAdmin,
-    addrs: Sequence[str],
-    sink_id: str,
-    batch_id: int,
-    body: dict[str, object],
-    *,
-    commit: bool,
-) -> dict[str, dict[str, str]]:
-    """One TIDEMQ_END_BATCH per address; returns each broker's answer fields. Raises the
-    BrokerError of the first refusal."""
-    header = EndBatchRequestHeader(
-        sink_id=sink_id,
-        batch_id=batch_id,
-        commit_or_rollback=SysFlag.COMMIT if commit else SysFlag.ROLLBACK,
-    )
-    encoded = orjson.dumps(body)
-    answers: dict[str, dict[str, str]] = {}
-    for addr in addrs:
-        command = RemotingCommand(
-            code=RequestCode.TIDEMQ_END_BATCH, ext_fields=header.to_fields(), body=encoded
-        )
-        # BlockingAdmin has no public raw-request method; its loop runs the remoting call.
-        response = admin._run(
-            admin.admin.instance.remoting.invoke(addr, command, END_BATCH_TIMEOUT_MS)
-        )
-        if response.code != ResponseCode.SUCCESS:
-            raise error_for_code(
-                response.code, f"END_BATCH of {sink_id}/{batch_id} at {addr}: {response.remark}"
-            )
-        answers[addr] = dict(response.ext_fields)
-    return answers
-
-
-def abort_write_job(
-    options: SinkOptions, messages: Sequence[WriterCommitMessage | None], job_id: str
-) -> dict[str, dict[str, str]]:
-    """Close batch 0 of a batch write's sink for good on every master of the cluster (the
-    module docstring says why), whether or not any task reported."""
-    sink_id = sink_id_of(options, None, job_id)
-    done = [m for m in messages if isinstance(m, EosCommitMessage)]
-    if any(m.sink_id != sink_id or m.batch_id != 0 for m in done):
-        raise RuntimeError(f"tasks wrote another sink than {sink_id}/0")
-    admin = CLIENTS.get(options.name_server).admin
-    addrs = sorted(
-        {b.master_addr for b in admin.cluster_info().broker_addr_table.values() if b.master_addr}
-    )
-    answers = send_end_batch(
-        admin,
-        addrs,
-        sink_id,
-        0,
-        {"txns": sorted(m.txn for m in done), "final": True},
-        commit=False,
-    )
-    logger.info(
-        "tidemq sink rolled back write %s for good (%d task messages), brokers %s",
-        sink_id,
-        len(done),
-        answers,
-    )
-    return answers
 
 
 class TideMQEosWriter(DataSourceArrowWriter):
@@ -315,10 +260,10 @@ class TideMQEosWriter(DataSourceArrowWriter):
         return write_task(self.options, iterator, self.job_id, self.nonce)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        end_batch(self.options, messages, None, commit=True)
+        commit_batch(self.options, messages, None)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        abort_write_job(self.options, messages, self.job_id)
+        abort_write_job(self.options, messages, sink_id_of(self.options, None, self.job_id))
 
 
 class TideMQEosStreamWriter(DataSourceStreamArrowWriter):
@@ -332,8 +277,11 @@ class TideMQEosStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> EosCommitMessage:
         return write_task(self.options, iterator, self.job_id, self.nonce)
 
+    # Fault-injection seam for the broker-crash tests (eos_driver.BeforeRequest); None in use.
+    before_request: BeforeRequest | None = None
+
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        end_batch(self.options, messages, batchId, commit=True)
+        commit_batch(self.options, messages, batchId, before_request=self.before_request)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        end_batch(self.options, messages, batchId, commit=False)
+        abort_batch(self.options, messages, batchId)

@@ -12,8 +12,9 @@ Delivery modes:
   A task retried after a failure, or a batch replayed after a driver crash, sends its rows
   again.
 - `exactlyOnce=true` (the default): rows go out as half messages tagged with the batch, and the
-  driver ends each batch with one TIDEMQ_END_BATCH per broker (exactly_once.py). Atomic per
-  broker only.
+  driver ends each batch on every broker holding its halves, decide then publish, so a batch is
+  visible on all of them or (until its replay finishes it) on none (exactly_once.py,
+  eos_driver.py).
 """
 
 from __future__ import annotations

@@ -80,7 +80,14 @@ class Sink:
         return self.world.prepare(body or tag.encode(), properties={SPARK_TXN: tag})
 
     async def end(
-        self, batch: int, action: int, txns: list[str], sink: str = SINK, *, final: bool = False
+        self,
+        batch: int,
+        action: int,
+        txns: list[str],
+        sink: str = SINK,
+        *,
+        final: bool = False,
+        **extra: object,
     ) -> RemotingCommand:
         table = HandlerTable()
         flush_ends: list[int] = []
@@ -94,7 +101,7 @@ class Sink:
         request = RemotingCommand(
             code=RequestCode.TIDEMQ_END_BATCH,
             ext_fields=header.to_fields(),
-            body=orjson.dumps({"txns": txns, "final": True} if final else {"txns": txns}),
+            body=orjson.dumps({"txns": txns, **({"final": True} if final else {}), **extra}),
         )
         run = table.get(RequestCode.TIDEMQ_END_BATCH)
         assert run is not None
@@ -151,7 +158,13 @@ async def test_repeated_commit_stores_nothing_new(sink: Sink) -> None:
     assert (await sink.end(0, COMMIT, ["0/0"])).code == ResponseCode.SUCCESS
     ends = sink.world.store.max_physical_offset
     sink.half(0, "0/0-replay")  # a replayed batch after a driver crash sends again
-    again = await sink.end(0, COMMIT, ["0/0-replay"])
+    # Its own txns are refused (the decision holds; a success here hid lost rows) ...
+    refused = await sink.end(0, COMMIT, ["0/0-replay"])
+    assert refused.code == ResponseCode.TRANSACTION_FAILED
+    assert "finish that decision" in (refused.remark or "")
+    assert sink.world.ledger.in_flight == 1
+    # ... and the driver, having looked the decision up, repeats it instead.
+    again = await sink.end(0, COMMIT, ["0/0"])
     assert again.code == ResponseCode.SUCCESS
     assert again.ext_fields["alreadyCommitted"] == "true"
     assert again.ext_fields["rolledBack"] == "1"
@@ -162,6 +175,7 @@ async def test_repeated_commit_stores_nothing_new(sink: Sink) -> None:
     assert hm.outcome_of_op(last_op) is hm.Outcome.ROLLBACK
     third = await sink.end(0, COMMIT, ["0/0"])
     assert third.ext_fields["alreadyCommitted"] == "true"
+    assert third.ext_fields["rolledBack"] == "0"
     assert sink.world.store.max_offset(hm.OP_TOPIC, 0) == 2
 
 
@@ -338,3 +352,87 @@ async def test_ordinary_transactions_are_still_checked_back(sink: Sink) -> None:
     assert len(sink.producer.sent) == 1
     assert sink.world.records(TOPIC, 1) == []
     assert GROUP
+
+
+async def lookup(sink: Sink, batch: int) -> dict[str, object]:
+    response = await sink.end(batch, COMMIT, [], phase="lookup")
+    assert response.code == ResponseCode.SUCCESS, response.remark
+    answer: dict[str, object] = orjson.loads(response.body)
+    return answer
+
+
+async def test_decide_records_without_resolving_then_publish_commits(sink: Sink) -> None:
+    """Phase one records the decision and the brokers holding it, and makes nothing visible;
+    phase two publishes. A lookup answers the decision at each stage."""
+    holders = {"broker-a": "127.0.0.1:1", "broker-c": "127.0.0.1:3"}
+    sink.half(0, "0/0-a")
+    sink.half(0, "1/0-a")
+    assert await lookup(sink, 0) == {"state": "NONE", "txns": [], "brokers": {}}
+    decided = await sink.end(0, COMMIT, ["0/0-a"], phase="decide", brokers=holders)
+    assert decided.code == ResponseCode.SUCCESS, decided.remark
+    assert (decided.ext_fields["committed"], decided.ext_fields["rolledBack"]) == ("0", "0")
+    assert sink.visible() == []
+    assert await lookup(sink, 0) == {"state": "DECIDED", "txns": ["0/0-a"], "brokers": holders}
+    # A repeated decide (a replay finishing it) stores nothing; another one is refused.
+    again = await sink.end(0, COMMIT, ["0/0-a"], phase="decide", brokers=holders)
+    assert again.code == ResponseCode.SUCCESS
+    other = await sink.end(0, COMMIT, ["0/0-b"], phase="decide")
+    assert other.code == ResponseCode.TRANSACTION_FAILED
+    assert (await sink.end(0, COMMIT, ["0/0-b"])).code == ResponseCode.TRANSACTION_FAILED
+    assert (await sink.end(0, ROLLBACK, [])).code == ResponseCode.TRANSACTION_FAILED
+    assert len(sink.records()) == 1
+    published = await sink.end(0, COMMIT, ["0/0-a"], brokers=holders)
+    assert published.code == ResponseCode.SUCCESS, published.remark
+    assert (published.ext_fields["committed"], published.ext_fields["rolledBack"]) == ("1", "1")
+    assert sink.visible() == [b"q-1/0/0/0-a"]
+    assert (await lookup(sink, 0))["state"] == "COMMITTED"
+    assert [(r.published, dict(r.holders)) for r in sink.records()] == [
+        (False, holders),
+        (True, holders),
+    ]
+    # A published decision is never replaced.
+    replaced = await sink.end(0, COMMIT, ["0/0-b"], phase="decide", replace=True)
+    assert replaced.code == ResponseCode.TRANSACTION_FAILED
+
+
+async def test_an_unpublished_decision_can_be_replaced(sink: Sink) -> None:
+    """A decision that reached only some brokers and was published nowhere may be swapped for
+    the one a replay found published elsewhere (the driver sends `replace` then)."""
+    sink.half(1, "0/0-a")
+    sink.half(1, "0/0-b")
+    assert (await sink.end(1, COMMIT, ["0/0-a"], phase="decide")).code == ResponseCode.SUCCESS
+    swapped = await sink.end(1, COMMIT, ["0/0-b"], phase="decide", replace=True)
+    assert swapped.code == ResponseCode.SUCCESS, swapped.remark
+    assert (await sink.end(1, COMMIT, ["0/0-b"])).code == ResponseCode.SUCCESS
+    assert sink.visible() == [b"q-1/1/0/0-b"]
+    assert sink.world.ledger.in_flight == 0
+
+
+async def test_decided_halves_wait_for_the_publish_through_restarts_and_timeouts(
+    sink: Sink,
+) -> None:
+    """A decided batch's halves never time out (a replay may still publish the decision) and
+    a restart keeps them pending; a later batch of the sink rolls them back (the driver only
+    starts it once every broker holding the decision published it)."""
+    sink.half(2, "0/0-a")
+    sink.half(3, "0/0-a")
+    assert (await sink.end(2, COMMIT, ["0/0-a"], phase="decide")).code == ResponseCode.SUCCESS
+    assert (await sink.end(3, COMMIT, ["0/0-a"], phase="decide")).code == ResponseCode.SUCCESS
+    sink.restart()
+    assert sink.world.ledger.in_flight == 1  # batch 2's half rolled back: batch 3 is recorded
+    sink.world.clock.advance(ORPHAN_TIMEOUT_MS + TIMEOUT_MS)
+    report = await sink.checker.run_once()
+    assert (report.resolved_sink, report.rewritten) == (0, 1)
+    assert sink.world.ledger.in_flight == 1
+    assert sink.visible() == []
+    assert (await sink.end(3, COMMIT, ["0/0-a"])).code == ResponseCode.SUCCESS
+    assert sink.visible() == [b"q-1/3/0/0-a"]
+
+
+async def test_malformed_phases_are_refused(sink: Sink) -> None:
+    assert (await sink.end(0, COMMIT, [], phase="vote")).code == ResponseCode.SYSTEM_ERROR
+    assert (await sink.end(0, ROLLBACK, [], phase="lookup")).code == ResponseCode.SYSTEM_ERROR
+    assert (await sink.end(0, COMMIT, [], brokers=["a"])).code == ResponseCode.SYSTEM_ERROR
+    bad = await sink.end(0, COMMIT, [], phase="decide", replace="yes")
+    assert bad.code == ResponseCode.SYSTEM_ERROR
+    assert sink.records() == []

@@ -3,24 +3,31 @@
     header sinkId, batchId, commitOrRollback (8 COMMIT, 12 ROLLBACK, as END_TRANSACTION)
     body   JSON {"txns": ["<partition>/<attempt>", ...]} (at most BATCH_TXNS_MAX), and
            "final": true on a ROLLBACK that closes the batch for good (batch writes: every
-           half of it, even one sent after the abort, rolls back; no COMMIT of it is accepted)
+           half of it, even one sent after the abort, rolls back; no COMMIT of it is accepted);
+           on a COMMIT, "phase": "lookup" | "decide" | "commit" (the default), "brokers":
+           {"<name>": "<addr>"} (the brokers holding halves of the decision) and, on a
+           decide, "replace": true (swap an unpublished decision with other txns)
 
     slave? ─▶ SLAVE_NOT_AVAILABLE
     malformed header or body ─▶ SYSTEM_ERROR naming what is wrong
-    batch.py SinkBatchResolver.end_batch: record first, then resolve the batch's halves
-        contradiction (COMMIT of rolled-back txns, ROLLBACK of a committed batch)
-            ─▶ TRANSACTION_FAILED with the reason
+    lookup ─▶ SUCCESS, body {"state": "NONE" | "DECIDED" | "COMMITTED", "txns", "brokers"}
+    batch.py SinkBatchResolver.end_batch: record first, then (commit, rollback) resolve the
+    batch's halves
+        contradiction (COMMIT of rolled-back txns or with other txns than the decision,
+        ROLLBACK of a decided batch) ─▶ TRANSACTION_FAILED with the reason
         store refused ─▶ the put status's code
     SYNC_FLUSH ─▶ the record and committed messages are awaited (FLUSH_DISK_TIMEOUT when late)
     SUCCESS, ext: alreadyCommitted (true|false), committed, rolledBack (halves resolved now)
 
-One call per broker and batch: atomic on this broker, not across brokers (ARCHITECTURE.md).
+The driver's two phases over every broker make a batch atomic across brokers (ARCHITECTURE.md,
+"Batch ends for the exactly-once Spark sink").
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Final
 
 import orjson
@@ -30,8 +37,12 @@ from tidemq.broker.handlers.common import PUT_STATUS_CODES, Refusal, guarded
 from tidemq.broker.transaction.batch import (
     BATCH_TXNS_MAX,
     BatchOutcome,
+    BatchPhase,
     BatchRefused,
+    BatchState,
+    Holders,
     SinkBatchResolver,
+    parse_holders,
 )
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
@@ -47,24 +58,48 @@ _OUTCOMES: Final = {SysFlag.COMMIT: BatchOutcome.COMMIT, SysFlag.ROLLBACK: Batch
 WaitFlushed = Callable[[int], Awaitable[bool]]
 
 
-def parse_body(body: bytes | None) -> tuple[frozenset[str], bool]:
-    """The body's txn ids and its "final" flag. Raises Refusal (SYSTEM_ERROR) naming the
-    problem."""
+@dataclass(frozen=True, slots=True)
+class EndBatchBody:
+    txns: frozenset[str]
+    final: bool = False
+    phase: BatchPhase = BatchPhase.PUBLISH
+    holders: Holders = ()
+    replace: bool = False
+
+
+def parse_body(body: bytes | None) -> EndBatchBody:
+    """The request body. Raises Refusal (SYSTEM_ERROR) naming the problem."""
     try:
         data = orjson.loads(body or b"{}")
-        txns = data["txns"]
+        phase = BatchPhase(data.get("phase", BatchPhase.PUBLISH.value))
+        txns = data["txns"] if phase is not BatchPhase.LOOKUP else data.get("txns", [])
         final = data.get("final", False)
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        replace = data.get("replace", False)
+        holders = parse_holders(data.get("brokers", {}))
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
         raise Refusal(
             ResponseCode.SYSTEM_ERROR, f'the body is not {{"txns": [...]}}: {exc}'
         ) from None
-    if not isinstance(final, bool):
-        raise Refusal(ResponseCode.SYSTEM_ERROR, "final must be true or false")
+    if not isinstance(final, bool) or not isinstance(replace, bool):
+        raise Refusal(ResponseCode.SYSTEM_ERROR, "final and replace must be true or false")
     if not isinstance(txns, list) or not all(isinstance(t, str) and t for t in txns):
         raise Refusal(ResponseCode.SYSTEM_ERROR, "txns must be a list of non-empty strings")
     if len(txns) > BATCH_TXNS_MAX:
         raise Refusal(ResponseCode.SYSTEM_ERROR, f"more than {BATCH_TXNS_MAX} txns in one batch")
-    return frozenset(txns), final
+    return EndBatchBody(frozenset(txns), final, phase, holders, replace)
+
+
+def lookup_body(state: BatchState | None) -> bytes:
+    """The answer to a lookup: the batch's COMMIT decision as this broker records it."""
+    if state is None or state.committed is None:
+        return orjson.dumps({"state": "NONE", "txns": [], "brokers": {}})
+    return orjson.dumps(
+        {
+            "state": "COMMITTED" if state.published else "DECIDED",
+            "txns": sorted(state.committed),
+            "brokers": dict(state.holders),
+        }
+    )
 
 
 class EndBatchHandler:
@@ -94,12 +129,24 @@ class EndBatchHandler:
             )
         if "/" in header.sink_id or header.batch_id < 0:
             raise Refusal(ResponseCode.SYSTEM_ERROR, "sinkId may not hold '/'; batchId >= 0")
-        txns, final = parse_body(request.body)
-        if final and outcome is not BatchOutcome.ROLLBACK:
+        body = parse_body(request.body)
+        if body.final and outcome is not BatchOutcome.ROLLBACK:
             raise Refusal(ResponseCode.SYSTEM_ERROR, "only a ROLLBACK can be final")
+        if outcome is BatchOutcome.ROLLBACK and body.phase is not BatchPhase.PUBLISH:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, "only a COMMIT has a phase")
+        if outcome is BatchOutcome.COMMIT and body.phase is BatchPhase.LOOKUP:
+            state = self._batches.lookup(header.sink_id, header.batch_id)
+            return request.response(ResponseCode.SUCCESS, body=lookup_body(state))
         try:
             result = self._batches.end_batch(
-                header.sink_id, header.batch_id, outcome, txns, final=final
+                header.sink_id,
+                header.batch_id,
+                outcome,
+                body.txns,
+                final=body.final,
+                phase=body.phase,
+                holders=body.holders,
+                replace=body.replace,
             )
         except BatchRefused as exc:
             raise Refusal(ResponseCode.TRANSACTION_FAILED, str(exc)) from None

@@ -1,22 +1,32 @@
 """Batch-scoped ends of the exactly-once Spark sink: batch records, their index and the resolver.
 
 A Spark sink task sends half messages tagged with the property __SPARKTXN# =
-`<sinkId>/<batchId>/<partition>/<attempt>`; the driver ends the whole batch with one
-TIDEMQ_END_BATCH per broker (handlers/end_batch.py). The batch's *record* is what makes that call
-durable and idempotent, and it is stored BEFORE any half is acted on, so a crash mid-way is
-finished at restart (`rebuild`):
+`<sinkId>/<batchId>/<partition>/<attempt>`; the driver ends the whole batch with TIDEMQ_END_BATCH
+requests (handlers/end_batch.py). The batch's *record* is what makes that call durable and
+idempotent, and it is stored BEFORE any half is acted on, so a crash mid-way is finished at
+restart (`rebuild`):
 
     RMQ_SYS_TRANS_BATCH_TOPIC queue 0, one message per decision, body JSON:
-        {"sinkId": "...", "batchId": 7, "outcome": "COMMIT" | "ROLLBACK", "txns": ["0/0-ab", ...]}
+        {"sinkId": "...", "batchId": 7, "outcome": "COMMIT" | "ROLLBACK", "txns": ["0/0-ab", ...],
+         "brokers": {"broker-a": "host:port", ...}, "published": true | false}
         (+ "final": true on a ROLLBACK that closes the batch for good, see below)
 
-Per (sinkId, batchId) the index keeps the committed txn set (at most one COMMIT record) and the
-txns rolled back (ROLLBACK records; a later COMMIT of the same batch is accepted when it lists
-none of them, because a query restarted from its checkpoint replays an aborted batch under the
-same id with new attempts). END_BATCH then resolves every pending half of the batch through the
-ordinary resolver (resolution.py: state table, op messages, exactly once): COMMIT commits the
-listed txns and rolls back the rest; ROLLBACK rolls back every pending half of the batch. A
-repeated COMMIT stores nothing new and answers "already committed".
+A batch spread over several brokers is committed in two phases (ARCHITECTURE.md, "Batch ends"):
+DECIDE stores a COMMIT record with `published: false` (the decision: its txns and the brokers
+holding their halves) and resolves nothing; PUBLISH stores `published: true` and resolves the
+halves. The driver publishes nowhere before every broker it asked has recorded the decision, so
+a replay of the batch finds the decision on any of them (LOOKUP answers it) and finishes it
+instead of committing its own, differently routed rows. A record without `published` (older
+drivers) is a published COMMIT.
+
+Per (sinkId, batchId) the index keeps the COMMIT decision (at most one; a DECIDE with `replace`
+swaps an unpublished one, never a published one) and the txns rolled back (ROLLBACK records; a
+later COMMIT of the same batch is accepted when it lists none of them, because a query restarted
+from its checkpoint replays an aborted batch under the same id with new attempts). PUBLISH then
+resolves every pending half of the batch through the ordinary resolver (resolution.py: state
+table, op messages, exactly once): the listed txns commit, the rest roll back; ROLLBACK rolls
+back every pending half of the batch. A repeated PUBLISH stores nothing new and answers "already
+committed"; a PUBLISH or DECIDE with other txns than the decision is refused.
 
 A *final* ROLLBACK closes the batch: no COMMIT of it is accepted afterwards and every half of
 it, however late, is rolled back. The driver of a batch (non-streaming) write sends it: that
@@ -26,10 +36,12 @@ orphan timeout.
 
 Orphans (halves no END_BATCH resolved: failed attempts, writes landing after an abort) are never
 checked back with a producer (Spark executors cannot answer): the check-back service asks
-`decide_orphan`, which commits a half in its batch's committed set, rolls it back when the batch
-is committed without it, when its txn was rolled back, when a later batch of the same sink is
-recorded (micro-batches of one query are strictly ordered) or when it is older than the orphan
-timeout; otherwise it stays pending.
+`decide_orphan`, which commits a half in its batch's published set, rolls it back when the batch
+is published without it, when its txn was rolled back, when a later batch of the same sink is
+recorded (micro-batches of one query are strictly ordered: the driver starts batch N+1 only once
+every broker holding halves of N's decision published it) or, unless the batch is decided and
+not yet published here, when it is older than the orphan timeout; otherwise it stays pending. A
+decided batch's halves never time out: a replay may still publish that decision.
 
 Memory: the last BATCH_RECORDS_PER_SINK_MAX batches per sink, BATCH_SINKS_MAX sinks (LRU); the
 pending index holds one entry per live tagged half, so it is bounded by the ledger's
@@ -42,131 +54,75 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
 import logging
 from dataclasses import dataclass, field
 from typing import Final
 
-import orjson
-
 from tidemq.broker.transaction import half as hm
+from tidemq.broker.transaction.batch_record import (
+    BATCH_QUEUE_ID,
+    BATCH_TOPIC,
+    BATCH_TXNS_MAX,
+    BatchOutcome,
+    BatchPhase,
+    BatchRecord,
+    Holders,
+    SparkTxn,
+    batch_record_message,
+    decode_batch_record,
+    encode_batch_record,
+    parse_holders,
+    parse_spark_txn,
+    spark_txn_of,
+)
 from tidemq.broker.transaction.ledger import TransactionForgotten
 from tidemq.broker.transaction.resolution import EndResult, TransactionResolver, scan_queue
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput
 from tidemq.clock import Clock
 from tidemq.errors import ProtocolError
 from tidemq.protocol import record as rec
-from tidemq.protocol.message import KEYS, SPARK_TXN, encode_properties
-from tidemq.protocol.names import RMQ_SYS_TRANS_BATCH_TOPIC
-from tidemq.store.types import MessageToStore, PutResult
+from tidemq.protocol.message import SPARK_TXN
+from tidemq.store.types import PutResult
 
 log = logging.getLogger(__name__)
 
-BATCH_TOPIC: Final = RMQ_SYS_TRANS_BATCH_TOPIC
-BATCH_QUEUE_ID: Final = 0
+__all__ = [  # the record types live in batch_record.py; callers import them from here too
+    "BATCH_QUEUE_ID",
+    "BATCH_RECORDS_PER_SINK_MAX",
+    "BATCH_SINKS_MAX",
+    "BATCH_TOPIC",
+    "BATCH_TXNS_MAX",
+    "BatchEndResult",
+    "BatchIndex",
+    "BatchOutcome",
+    "BatchPhase",
+    "BatchRecord",
+    "BatchRefused",
+    "BatchState",
+    "Holders",
+    "SinkBatchResolver",
+    "SparkTxn",
+    "batch_record_message",
+    "decode_batch_record",
+    "encode_batch_record",
+    "parse_holders",
+    "parse_spark_txn",
+    "spark_txn_of",
+]
+
 # Batch records remembered per sink: a query only ever replays its last batch, so a few suffice.
 BATCH_RECORDS_PER_SINK_MAX: Final = 16
 # Sinks remembered (LRU); each holds at most BATCH_RECORDS_PER_SINK_MAX records.
 BATCH_SINKS_MAX: Final = 1_024
-# Txn ids per END_BATCH (one per partition that succeeded): keeps one record well under the
-# 4 MiB message size limit (ids are ~20 bytes).
-BATCH_TXNS_MAX: Final = 65_536
-
-
-class BatchOutcome(enum.Enum):
-    COMMIT = "COMMIT"
-    ROLLBACK = "ROLLBACK"
-
-
-@dataclass(frozen=True, slots=True)
-class SparkTxn:
-    """What a tagged half message belongs to: `txn` is "<partition>/<attempt>"."""
-
-    sink_id: str
-    batch_id: int
-    txn: str
-
-
-def parse_spark_txn(text: str) -> SparkTxn:
-    """Parse an __SPARKTXN# value. Raises ProtocolError when it is not sink/batch/part/attempt."""
-    parts = text.split("/")
-    if len(parts) != 4 or not all(parts) or not parts[1].isdigit():
-        raise ProtocolError(f"{SPARK_TXN} is not sinkId/batchId/partition/attempt: {text[:80]!r}")
-    return SparkTxn(parts[0], int(parts[1]), f"{parts[2]}/{parts[3]}")
-
-
-def spark_txn_of(half: rec.StoredMessage) -> SparkTxn | None:
-    """The tag of a half message; None for an ordinary transaction. Raises ProtocolError."""
-    text = half.property_map().get(SPARK_TXN)
-    return None if text is None else parse_spark_txn(text)
-
-
-@dataclass(frozen=True, slots=True)
-class BatchRecord:
-    sink_id: str
-    batch_id: int
-    outcome: BatchOutcome
-    txns: frozenset[str]
-    final: bool = False  # a ROLLBACK closing the batch for good (module docstring)
-
-
-def encode_batch_record(record: BatchRecord) -> bytes:
-    data: dict[str, object] = {
-        "sinkId": record.sink_id,
-        "batchId": record.batch_id,
-        "outcome": record.outcome.value,
-        "txns": sorted(record.txns),
-    }
-    if record.final:
-        data["final"] = True
-    return orjson.dumps(data)
-
-
-def decode_batch_record(body: bytes) -> BatchRecord:
-    """Raises ProtocolError for anything but a record as `encode_batch_record` writes it."""
-    try:
-        data = orjson.loads(body)
-        record = BatchRecord(
-            sink_id=data["sinkId"],
-            batch_id=data["batchId"],
-            outcome=BatchOutcome(data["outcome"]),
-            txns=frozenset(data["txns"]),
-            final=data.get("final", False),
-        )
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProtocolError(f"malformed batch record: {exc}") from None
-    if not isinstance(record.final, bool) or (
-        record.final and record.outcome is not BatchOutcome.ROLLBACK
-    ):
-        raise ProtocolError("malformed batch record: final")
-    if not isinstance(record.sink_id, str) or not isinstance(record.batch_id, int):
-        raise ProtocolError("malformed batch record: sinkId or batchId")
-    if not all(isinstance(txn, str) for txn in record.txns):
-        raise ProtocolError("malformed batch record: txns")
-    return record
-
-
-def batch_record_message(
-    record: BatchRecord, *, store_host: tuple[str, int], now_ms: int
-) -> MessageToStore:
-    return MessageToStore(
-        topic=BATCH_TOPIC,
-        queue_id=BATCH_QUEUE_ID,
-        body=encode_batch_record(record),
-        flag=0,
-        properties=encode_properties({KEYS: record.sink_id}),
-        sys_flag=0,
-        born_timestamp=now_ms,
-        born_host=store_host,
-        store_host=store_host,
-    )
 
 
 @dataclass(slots=True)
 class BatchState:
     """What the records say about one batch."""
 
-    committed: frozenset[str] | None = None
+    committed: frozenset[str] | None = None  # the COMMIT decision's txns (decided or published)
+    holders: Holders = ()  # the brokers holding halves of the decision
+    published: bool = False  # the decision was published here (its halves resolved)
     rolled_back: set[str] = field(default_factory=set)
     closed: bool = False  # a final ROLLBACK was recorded: every half of it rolls back
 
@@ -215,6 +171,8 @@ class BatchIndex:
         state = history.batches.setdefault(record.batch_id, BatchState())
         if record.outcome is BatchOutcome.COMMIT:
             state.committed = record.txns
+            state.holders = record.holders
+            state.published = record.published
         else:
             state.rolled_back |= record.txns
             state.closed = state.closed or record.final
@@ -305,6 +263,10 @@ class SinkBatchResolver:
 
     # -- END_BATCH ------------------------------------------------------------------------------
 
+    def lookup(self, sink_id: str, batch_id: int) -> BatchState | None:
+        """What this broker's records say about the batch (None: nothing remembered)."""
+        return self.index.state(sink_id, batch_id)
+
     def end_batch(
         self,
         sink_id: str,
@@ -313,35 +275,30 @@ class SinkBatchResolver:
         txns: frozenset[str],
         *,
         final: bool = False,
+        phase: BatchPhase = BatchPhase.PUBLISH,
+        holders: Holders = (),
+        replace: bool = False,
     ) -> BatchEndResult:
-        """Record the decision (unless it repeats one), then resolve the batch's pending halves.
-        `final` (ROLLBACK only) closes the batch for good.
+        """Record the decision (unless it repeats one), then, for PUBLISH and ROLLBACK, resolve
+        the batch's pending halves. `final` (ROLLBACK only) closes the batch for good; `replace`
+        (DECIDE only) swaps an unpublished decision with other txns.
 
         Raises BatchRefused when the decision contradicts the records.
         """
         assert not final or outcome is BatchOutcome.ROLLBACK
+        assert phase is not BatchPhase.LOOKUP
         state = self.index.state(sink_id, batch_id)
         what = f"batch {batch_id} of sink {sink_id}"
-        if outcome is BatchOutcome.COMMIT:
-            if state is not None and state.committed is not None:
-                if txns != state.committed:
-                    log.warning("%s committed again with other txns; the record holds", what)
-                return dataclasses.replace(self._finish(sink_id, batch_id), already_committed=True)
-            if state is not None and state.closed:
-                raise BatchRefused(f"COMMIT refused: {what} was rolled back for good")
-            if state is not None and txns & state.rolled_back:
-                raise BatchRefused(
-                    f"COMMIT refused: {what} was rolled back, including "
-                    f"{sorted(txns & state.rolled_back)[:5]}"
-                )
-            record = BatchRecord(sink_id, batch_id, outcome, txns)
+        if outcome is BatchOutcome.ROLLBACK:
+            record = self._rollback_record(state, sink_id, batch_id, txns, final, what)
+        elif phase is BatchPhase.DECIDE:
+            record = self._decide_record(state, sink_id, batch_id, txns, holders, replace, what)
         else:
-            if state is not None and state.committed is not None:
-                raise BatchRefused(f"ROLLBACK refused: {what} is already committed")
-            targets = txns | frozenset(self.index.pending(sink_id, batch_id).values())
-            if state is not None and targets <= state.rolled_back and (state.closed or not final):
-                return self._finish(sink_id, batch_id)
-            record = BatchRecord(sink_id, batch_id, outcome, targets, final)
+            record = self._publish_record(state, sink_id, batch_id, txns, holders, what)
+        if record is None:
+            result = self._finish(sink_id, batch_id)
+            repeat = outcome is BatchOutcome.COMMIT and phase is BatchPhase.PUBLISH
+            return dataclasses.replace(result, already_committed=repeat)
         put = self._store.put_message(
             batch_record_message(record, store_host=self._store_host, now_ms=self._clock.now_ms())
         )
@@ -352,6 +309,84 @@ class SinkBatchResolver:
         return dataclasses.replace(
             result, durable_end=max(result.durable_end, put.physical_offset + put.size)
         )
+
+    @staticmethod
+    def _check_committable(state: BatchState | None, txns: frozenset[str], what: str) -> None:
+        if state is not None and state.closed:
+            raise BatchRefused(f"COMMIT refused: {what} was rolled back for good")
+        if state is not None and txns & state.rolled_back:
+            raise BatchRefused(
+                f"COMMIT refused: {what} was rolled back, including "
+                f"{sorted(txns & state.rolled_back)[:5]}"
+            )
+
+    def _decide_record(
+        self,
+        state: BatchState | None,
+        sink_id: str,
+        batch_id: int,
+        txns: frozenset[str],
+        holders: Holders,
+        replace: bool,
+        what: str,
+    ) -> BatchRecord | None:
+        """The DECIDE record to store; None when this decision is already recorded."""
+        if state is not None and state.committed is not None:
+            if state.committed == txns:
+                return None
+            if state.published or not replace:
+                raise BatchRefused(
+                    f"DECIDE refused: {what} is {'committed' if state.published else 'decided'} "
+                    f"with other txns ({len(state.committed)} txns on {dict(state.holders)})"
+                )
+            log.warning("%s: its unpublished decision is replaced by another", what)
+        self._check_committable(state, txns, what)
+        return BatchRecord(
+            sink_id, batch_id, BatchOutcome.COMMIT, txns, holders=holders, published=False
+        )
+
+    def _publish_record(
+        self,
+        state: BatchState | None,
+        sink_id: str,
+        batch_id: int,
+        txns: frozenset[str],
+        holders: Holders,
+        what: str,
+    ) -> BatchRecord | None:
+        """The PUBLISH record to store; None when the batch is already published with `txns`."""
+        if state is not None and state.committed is not None:
+            if state.committed != txns:
+                raise BatchRefused(
+                    f"COMMIT refused: {what} is {'committed' if state.published else 'decided'} "
+                    f"with other txns ({len(state.committed)} txns on {dict(state.holders)}); "
+                    "finish that decision"
+                )
+            if state.published:
+                return None
+            holders = state.holders
+        self._check_committable(state, txns, what)
+        return BatchRecord(sink_id, batch_id, BatchOutcome.COMMIT, txns, holders=holders)
+
+    def _rollback_record(
+        self,
+        state: BatchState | None,
+        sink_id: str,
+        batch_id: int,
+        txns: frozenset[str],
+        final: bool,
+        what: str,
+    ) -> BatchRecord | None:
+        """The ROLLBACK record to store; None when everything it names is already rolled back."""
+        if state is not None and state.committed is not None:
+            raise BatchRefused(
+                f"ROLLBACK refused: {what} is already "
+                f"{'committed' if state.published else 'decided'}"
+            )
+        targets = txns | frozenset(self.index.pending(sink_id, batch_id).values())
+        if state is not None and targets <= state.rolled_back and (state.closed or not final):
+            return None
+        return BatchRecord(sink_id, batch_id, BatchOutcome.ROLLBACK, targets, final)
 
     def _finish(self, sink_id: str, batch_id: int) -> BatchEndResult:
         """Resolve the pending halves of a recorded batch as its records say."""
@@ -383,12 +418,14 @@ class SinkBatchResolver:
     ) -> TxInput | None:
         """COMMIT, ROLLBACK or None (leave pending) for one half, from the records alone."""
         state = self.index.state(sink_id, batch_id)
-        if state is not None and state.committed is not None:
+        if state is not None and state.committed is not None and state.published:
             return TxInput.COMMIT if txn in state.committed else TxInput.ROLLBACK
         if state is not None and (state.closed or txn in state.rolled_back):
             return TxInput.ROLLBACK
         if self.index.batch_max(sink_id) > batch_id:
             return TxInput.ROLLBACK
+        if state is not None and state.committed is not None:
+            return None  # decided, not yet published here: a replay may still publish it
         if age_ms is not None and age_ms >= self.orphan_timeout_ms:
             return TxInput.ROLLBACK
         return None
