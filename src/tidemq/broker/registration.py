@@ -10,6 +10,19 @@ and `bodyCrc32` = CRC32(body) & 0x7FFFFFFF in the header. Name servers are indep
 its own request concurrently, and one that is down or slow only produces a log line. A burst of
 topic changes (a heartbeat creating several retry topics) is coalesced into one round, since
 `trigger()` only wakes the periodic loop. At shutdown the broker unregisters (104) from each.
+
+A name server keeps its route table in memory only: one that restarts knows no broker until it
+hears from each again, and meanwhile answers TOPIC_NOT_EXIST to clients that ask it. So the
+broker does not wait for its next round to tell it:
+
+    registered ──(connection to it closes: it stopped or restarted)──▶ retrying
+    retrying ── REGISTER_BROKER after RETRY_DELAY_MS_MIN, doubling up to RETRY_DELAY_MS_MAX ──┐
+        ├─ refused / timed out / error answer ──▶ retrying (one log line when it starts)    │
+        └─ SUCCESS ──▶ registered (one log line saying how long it took) ◀──────────────────┘
+
+A name server that is down when a round runs enters `retrying` the same way. A restarted name
+server thus has this broker's routes at most RETRY_DELAY_MS_MAX (plus one request) after its port
+accepts again, instead of up to registerNameServerPeriod (30 s) later.
 """
 
 from __future__ import annotations
@@ -18,23 +31,38 @@ import asyncio
 import logging
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.handlers.common import BrokerAddress
 from tidemq.broker.service import PeriodicService
 from tidemq.broker.topics import TopicTable
+from tidemq.errors import QueueError
 from tidemq.protocol.bodies import RegisterBrokerBody
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import RegisterBrokerRequestHeader, UnregisterBrokerRequestHeader
 from tidemq.remoting.client import RemotingClient
+from tidemq.remoting.connection import Connection
 
 log = logging.getLogger(__name__)
 
 _CRC_MASK: Final = 0x7FFFFFFF
 # RocketMQ advertises the HA (replication) port as listenPort + 1.
 HA_PORT_OFFSET: Final = 1
+# First retry after a name server's connection closed or a registration with it failed: a name
+# server restarted by its supervisor needs at least this long to listen again.
+RETRY_DELAY_MS_MIN: Final = 100
+# Retries back off to this: the most a restarted name server waits for our routes once it accepts
+# again. A refused connect costs microseconds, so one attempt a second is cheap while it is down.
+RETRY_DELAY_MS_MAX: Final = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    ok: bool
+    detail: str = ""
 
 
 class RegistrationService:
@@ -55,6 +83,11 @@ class RegistrationService:
         self._periodic = PeriodicService(
             "namesrv-registration", config.register_interval_ms, self.register_all
         )
+        # Per name server: the connection whose close means "register again", and the retry
+        # loop running while it is down or restarting.
+        self._watched: dict[str, Connection] = {}
+        self._retries: dict[str, asyncio.Task[None]] = {}
+        self._stopping = False
         self.rounds = 0
 
     def start(self) -> None:
@@ -67,12 +100,37 @@ class RegistrationService:
             self._periodic.trigger()
 
     async def stop(self) -> None:
+        self._stopping = True
         await self._periodic.stop()
+        retries = list(self._retries.values())
+        self._retries.clear()
+        for task in retries:
+            task.cancel()
+        await asyncio.gather(*retries, return_exceptions=True)
+
+    @property
+    def retrying(self) -> list[str]:
+        """The name servers this broker is re-registering with (down or restarting)."""
+        return sorted(self._retries)
 
     async def register_all(self) -> None:
         addrs = self._config.namesrv_addrs
         if not addrs:
             return
+        self.rounds += 1
+        await asyncio.gather(*(self._register(addr) for addr in addrs))
+
+    async def _register(self, addr: str) -> None:
+        """One REGISTER_BROKER to `addr`; on failure the retry loop takes `addr` over."""
+        outcome = await self._send(addr, RequestCode.REGISTER_BROKER, *self._registration())
+        if outcome.ok:
+            self._watch(addr)
+        elif addr not in self._retries:
+            log.warning("REGISTER_BROKER to name server %s failed: %s", addr, outcome.detail)
+            self._retry(addr)
+
+    def _registration(self) -> tuple[dict[str, str], bytes]:
+        """The REGISTER_BROKER header fields and body, from the topic table as it is now."""
         body = RegisterBrokerBody(topic_config_wrapper=self._topics.wrapper()).to_json()
         header = RegisterBrokerRequestHeader(
             broker_name=self._config.broker_name,
@@ -82,13 +140,65 @@ class RegistrationService:
             broker_id=self._config.broker_id,
             body_crc32=zlib.crc32(body) & _CRC_MASK,
         )
-        self.rounds += 1
-        await asyncio.gather(
-            *(
-                self._send(addr, RequestCode.REGISTER_BROKER, header.to_fields(), body)
-                for addr in addrs
-            )
+        return header.to_fields(), body
+
+    def _watch(self, addr: str) -> None:
+        """Register again with `addr` when the connection just used for it closes."""
+        connection = self._client.connections.get(addr)
+        if connection is None or self._watched.get(addr) is connection:
+            return
+        self._watched[addr] = connection
+        connection.add_close_listener(lambda closed: self._on_closed(addr, closed))
+
+    def _on_closed(self, addr: str, connection: Connection) -> None:
+        if self._watched.get(addr) is connection:
+            del self._watched[addr]
+        if not self._stopping and addr not in self._retries:
+            log.info("connection to name server %s closed; registering again", addr)
+            self._retry(addr)
+
+    def _retry(self, addr: str) -> None:
+        if self._stopping:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._retry_loop(addr), name=f"namesrv-registration-retry-{addr}"
         )
+        self._retries[addr] = task
+        task.add_done_callback(lambda done: self._retry_done(addr, done))
+
+    def _retry_done(self, addr: str, task: asyncio.Task[None]) -> None:
+        if self._retries.get(addr) is task:
+            del self._retries[addr]
+
+    async def _retry_loop(self, addr: str) -> None:
+        """REGISTER_BROKER to `addr` with backoff until it succeeds (one log line each way)."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        delay_ms: float = RETRY_DELAY_MS_MIN
+        attempts = 0
+        while True:
+            await asyncio.sleep(delay_ms / 1000)
+            attempts += 1
+            try:
+                # Connect first: the body (the whole topic table) is built only for a name
+                # server that accepts, not once a second for one that is down.
+                await self._client.connection(addr)
+            except QueueError as exc:
+                log.debug("name server %s still unreachable: %s", addr, exc)
+                delay_ms = min(delay_ms * 2, RETRY_DELAY_MS_MAX)
+                continue
+            outcome = await self._send(addr, RequestCode.REGISTER_BROKER, *self._registration())
+            if outcome.ok:
+                log.info(
+                    "registered with name server %s again after %.1f s (%d attempts)",
+                    addr,
+                    loop.time() - began,
+                    attempts,
+                )
+                self._watch(addr)
+                return
+            log.debug("REGISTER_BROKER retry %d to %s: %s", attempts, addr, outcome.detail)
+            delay_ms = min(delay_ms * 2, RETRY_DELAY_MS_MAX)
 
     async def unregister_all(self) -> None:
         fields = UnregisterBrokerRequestHeader(
@@ -97,32 +207,27 @@ class RegistrationService:
             cluster_name=self._config.broker_cluster_name,
             broker_id=self._config.broker_id,
         ).to_fields()
-        await asyncio.gather(
+        outcomes = await asyncio.gather(
             *(
                 self._send(addr, RequestCode.UNREGISTER_BROKER, fields, b"")
                 for addr in self._config.namesrv_addrs
             )
         )
+        for addr, outcome in zip(self._config.namesrv_addrs, outcomes, strict=True):
+            if not outcome.ok:
+                log.warning("UNREGISTER_BROKER to name server %s failed: %s", addr, outcome.detail)
 
-    async def _send(self, addr: str, code: int, fields: dict[str, str], body: bytes) -> None:
+    async def _send(self, addr: str, code: int, fields: dict[str, str], body: bytes) -> _Outcome:
         cmd = RemotingCommand(code=code, ext_fields=dict(fields), body=body, language="JAVA")
-        what = RequestCode(code).name
         try:
             response = await self._client.invoke(addr, cmd, self._config.register_timeout_ms)
         except Exception as exc:
-            log.warning("%s to name server %s failed: %s", what, addr, exc)
-            ok = False
+            outcome = _Outcome(False, str(exc) or type(exc).__name__)
         else:
             ok = response.code == ResponseCode.SUCCESS
+            outcome = _Outcome(ok, "" if ok else f"answered {response.code}: {response.remark}")
             if ok:
-                log.debug("%s to %s done", what, addr)
-            else:
-                log.warning(
-                    "%s to name server %s answered %d: %s",
-                    what,
-                    addr,
-                    response.code,
-                    response.remark,
-                )
+                log.debug("%s to %s done", RequestCode(code).name, addr)
         if self._on_result is not None:
-            self._on_result(addr, ok)
+            self._on_result(addr, outcome.ok)
+        return outcome

@@ -9,6 +9,10 @@ message lookup), and merges the brokers' answers:
   cover the brokers of the topic (if given) and of the group's retry topic, as RocketMQ does;
 - `query_message_by_key` asks every broker of the topic (QUERY_MESSAGE); `view_message` decodes
   the offsetMsgId into the store host and commit-log offset and asks that broker (VIEW_MESSAGE).
+
+A name server that has just restarted knows no broker until they register again (about a second,
+broker/registration.py): routes, cluster info and the topic list therefore go on to the next name
+server when one has no route, no broker or no topic (ClientInstance.invoke_namesrv).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from tidemq.protocol.headers import (
 )
 from tidemq.protocol.record import decode_record, decode_records
 
-from .instance import ClientInstance
+from .instance import AskNext, ClientInstance, no_brokers
 from .message import MessageExt
 from .route_cache import master_addresses
 
@@ -56,6 +60,13 @@ def _checked(response: RemotingCommand) -> RemotingCommand:
     if response.code != ResponseCode.SUCCESS:
         raise error_for_code(response.code, response.remark)
     return response
+
+
+def _no_topics(response: RemotingCommand) -> bool:
+    """A topic list that is empty: that name server may have just restarted."""
+    return (
+        response.code == ResponseCode.SUCCESS and not TopicList.from_json(response.body).topic_list
+    )
 
 
 class Admin:
@@ -90,9 +101,12 @@ class Admin:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.shutdown()
 
-    async def _namesrv(self, code: int, fields: dict[str, str] | None = None) -> RemotingCommand:
+    async def _namesrv(
+        self, code: int, fields: dict[str, str] | None = None, ask_next: AskNext | None = None
+    ) -> RemotingCommand:
         cmd = RemotingCommand(code=code, ext_fields=fields or {})
-        return _checked(await self._instance.invoke_namesrv(cmd, self.timeout_ms))
+        response = await self._instance.invoke_namesrv(cmd, self.timeout_ms, ask_next=ask_next)
+        return _checked(response)
 
     async def _broker(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:
         return await self._instance.remoting.invoke(addr, cmd, self.timeout_ms)
@@ -101,11 +115,13 @@ class Admin:
 
     async def cluster_info(self) -> ClusterInfo:
         return ClusterInfo.from_json(
-            (await self._namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)).body
+            (await self._namesrv(RequestCode.GET_BROKER_CLUSTER_INFO, ask_next=no_brokers)).body
         )
 
     async def topic_list(self) -> list[str]:
-        response = await self._namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+        response = await self._namesrv(
+            RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, ask_next=_no_topics
+        )
         return sorted(TopicList.from_json(response.body).topic_list)
 
     async def topic_route(self, topic: str) -> TopicRouteData:

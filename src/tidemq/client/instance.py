@@ -1,12 +1,28 @@
 """The client instance: what producers and consumers of one process share (RocketMQ's
 MQClientInstance).
 
-    Producer ─┐                       ┌─ name servers (routes; next one tried on failure)
+    Producer ─┐                       ┌─ name servers (routes; see below)
     Producer ─┼─ ClientInstance ──────┤
     Consumer ─┘  one RemotingClient   └─ brokers (sends, pulls, heartbeats, offsets)
                  one client id "<ip>@<pid>#<instance name>"
                  one route cache, refreshed every 30 s
                  one heartbeat every 30 s to every known broker, covering every group
+
+Name servers are independent and each learns routes only from broker registrations, so one that
+has just restarted may not know a topic the others know. The instance starts at a random name
+server of the list (as the Java client does: clients spread over them) and stays with the one
+that answered; a request goes to the next one when the current one fails, or, for a route, when
+it answers TOPIC_NOT_EXIST (the caller's `ask_next`). Only when every name server says so is
+the topic unknown.
+
+Brokers learn of a client only from its heartbeat, and a broker that restarted has forgotten it;
+until it hears again it sends the group's transaction check-backs to nobody and leaves the client
+out of consumer lists. So besides the 30 s round the instance heartbeats:
+- at a producer's start (`announce`), after fetching the routes of the topics it declared;
+- when a route names a broker it did not know;
+- after a broker's connection closed: again with backoff (REHEARTBEAT_DELAY_MS_MIN doubling to
+  REHEARTBEAT_DELAY_MS_MAX) until it answers, for at most one heartbeat interval (then the
+  regular round covers a broker that is gone for good).
 
 Brokers know a client by its id: they list it in GET_CONSUMER_LIST_BY_GROUP (so rebalance splits
 queues between ids) and address transaction check-backs to its connection. Two consumers in one
@@ -26,8 +42,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Final, Protocol
 
 from tidemq.clock import Clock, SystemClock
@@ -40,7 +57,13 @@ from tidemq.errors import (
 )
 from tidemq.limits import CLIENT_HEARTBEAT_INTERVAL_MS
 from tidemq.protocol import message as pm
-from tidemq.protocol.bodies import ConsumerData, HeartbeatData, ProducerData, TopicRouteData
+from tidemq.protocol.bodies import (
+    ClusterInfo,
+    ConsumerData,
+    HeartbeatData,
+    ProducerData,
+    TopicRouteData,
+)
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
@@ -61,6 +84,17 @@ logger = logging.getLogger(__name__)
 
 # Name-server and admin-style requests: as RocketMQ's default 3 s.
 REQUEST_TIMEOUT_MS: Final = 3_000
+# After a broker's connection closed, the first heartbeat to it waits this long (a restarted
+# broker needs at least this to listen again), and later ones back off to the cap: the most a
+# restarted broker waits to know this client once it accepts. A refused connect costs next to
+# nothing, so one a second is cheap while the broker is down.
+REHEARTBEAT_DELAY_MS_MIN: Final = 100
+REHEARTBEAT_DELAY_MS_MAX: Final = 1_000
+# A broker answering again registers with the name servers right after it starts listening; the
+# route refresh that brings it back into the routes waits this long so as not to precede that.
+REJOIN_ROUTE_REFRESH_DELAY_MS: Final = 500
+
+AskNext = Callable[[RemotingCommand], bool]
 
 
 class ProducerMember(Protocol):
@@ -122,6 +156,7 @@ class ClientInstance:
         heartbeat_interval_ms: float = CLIENT_HEARTBEAT_INTERVAL_MS,
         route_refresh_interval_ms: float = ROUTE_REFRESH_INTERVAL_MS,
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
+        rng: random.Random | None = None,
     ) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.namesrv_addrs = parse_namesrv_addr(namesrv_addr)
@@ -134,7 +169,12 @@ class ClientInstance:
         self.request_timeout_ms = request_timeout_ms
         self._heartbeat_interval_ms = heartbeat_interval_ms
         self._route_refresh_interval_ms = route_refresh_interval_ms
-        self._namesrv_index = 0
+        # Where to start in the name server list: random, so clients spread over them.
+        self._namesrv_index = (rng or random.Random()).randrange(len(self.namesrv_addrs))
+        # Broker connections whose close starts a re-heartbeat, and those loops, by address.
+        self._watched: dict[str, Connection] = {}
+        self._reheartbeats: set[str] = set()
+        self._rejoin_refresh_pending = False
         self._producers: dict[str, ProducerMember] = {}
         self._consumers: dict[str, ConsumerMember] = {}
         self._extra_topics: set[str] = set()
@@ -227,10 +267,20 @@ class ClientInstance:
 
     # -- name servers and routes -----------------------------------------------------------
 
-    async def invoke_namesrv(self, cmd: RemotingCommand, timeout_ms: float) -> RemotingCommand:
-        """Ask the current name server; on a transport failure try the next ones in turn."""
+    async def invoke_namesrv(
+        self, cmd: RemotingCommand, timeout_ms: float, *, ask_next: AskNext | None = None
+    ) -> RemotingCommand:
+        """Ask the current name server; on a transport failure, or an answer for which
+        `ask_next(response)` is true (it lacks what the others may have), the next ones in turn.
+
+        Returns the first other answer, else the last such answer.
+
+        Raises:
+            ClientError: no name server answered (the last failure).
+        """
         count = len(self.namesrv_addrs)
         last_error: ClientError | None = None
+        lacking: RemotingCommand | None = None
         for step in range(count):
             index = (self._namesrv_index + step) % count
             addr = self.namesrv_addrs[index]
@@ -242,8 +292,13 @@ class ClientInstance:
                 logger.warning("%s: name server %s failed: %s", self.client_id, addr, exc)
                 last_error = exc
                 continue
+            if ask_next is not None and ask_next(response):
+                lacking = lacking or response
+                continue
             self._namesrv_index = index
             return response
+        if lacking is not None:
+            return lacking
         assert last_error is not None
         raise last_error
 
@@ -258,7 +313,7 @@ class ClientInstance:
         cmd = RemotingCommand(
             code=RequestCode.GET_ROUTEINFO_BY_TOPIC, ext_fields=header.to_fields()
         )
-        response = await self.invoke_namesrv(cmd, self.request_timeout_ms)
+        response = await self.invoke_namesrv(cmd, self.request_timeout_ms, ask_next=_no_route)
         if response.code != ResponseCode.SUCCESS:
             raise error_for_code(response.code, response.remark)
         route = TopicRouteData.from_json(response.body)
@@ -330,20 +385,106 @@ class ClientInstance:
             return
         body = self.heartbeat_data().to_json()
         for addr in sorted(set(self.routes.master_addresses().values())):
-            cmd = RemotingCommand(code=RequestCode.HEART_BEAT, body=body)
             try:
-                response = await self.remoting.invoke(addr, cmd, self.request_timeout_ms)
-            except ClientError as exc:
+                await self.heartbeat_to(addr, self.request_timeout_ms, body)
+            except (ClientError, BrokerError) as exc:
                 logger.warning("%s: heartbeat to %s failed: %s", self.client_id, addr, exc)
-                continue
-            if response.code != ResponseCode.SUCCESS:
-                logger.warning(
-                    "%s: heartbeat to %s answered %d %s",
-                    self.client_id,
-                    addr,
-                    response.code,
-                    response.remark,
-                )
+
+    async def heartbeat_to(self, addr: str, timeout_ms: float, body: bytes | None = None) -> None:
+        """One HEART_BEAT to `addr`; once one succeeds, the close of that connection starts a
+        re-heartbeat (module docstring).
+
+        Raises:
+            ClientError: no answer (transport).
+            BrokerError: an answer other than SUCCESS.
+        """
+        if body is None:
+            body = self.heartbeat_data().to_json()
+        cmd = RemotingCommand(code=RequestCode.HEART_BEAT, body=body)
+        response = await self.remoting.invoke(addr, cmd, timeout_ms)
+        if response.code != ResponseCode.SUCCESS:
+            raise error_for_code(response.code, response.remark)
+        connection = self.remoting.connections.get(addr)
+        if connection is not None and self._watched.get(addr) is not connection:
+            self._watched[addr] = connection
+            connection.add_close_listener(lambda closed: self._on_broker_closed(addr, closed))
+
+    async def probe_broker(self, broker_name: str, timeout_ms: float) -> None:
+        """A heartbeat to `broker_name`'s master: the producer's fault probe (fault_probe.py).
+
+        A broker that answers after failing may have been dropped from the routes meanwhile
+        (the name servers drop a broker whose connection closed): the routes are refreshed
+        REJOIN_ROUTE_REFRESH_DELAY_MS later rather than at the next 30 s round.
+
+        Raises:
+            ClientError: no address known or no answer; BrokerError: an error answer.
+        """
+        await self.heartbeat_to(self.master_address(broker_name), timeout_ms)
+        if not self._rejoin_refresh_pending:
+            self._rejoin_refresh_pending = True
+            self._spawn(self._refresh_after_rejoin())
+
+    async def _refresh_after_rejoin(self) -> None:
+        try:
+            await asyncio.sleep(REJOIN_ROUTE_REFRESH_DELAY_MS / 1000)
+        finally:
+            self._rejoin_refresh_pending = False
+        await self.refresh_routes()
+
+    def _on_broker_closed(self, addr: str, connection: Connection) -> None:
+        if self._watched.get(addr) is connection:
+            del self._watched[addr]
+        if self._closed or addr in self._reheartbeats:
+            return
+        self._reheartbeats.add(addr)
+        self._spawn(self._reheartbeat(addr))
+
+    async def _reheartbeat(self, addr: str) -> None:
+        """Heartbeat `addr` with backoff until it answers, for one heartbeat interval at most."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self._heartbeat_interval_ms / 1000
+        delay_ms: float = REHEARTBEAT_DELAY_MS_MIN
+        try:
+            while loop.time() < give_up_at:
+                await asyncio.sleep(delay_ms / 1000)
+                if not self._producers and not self._consumers:
+                    return
+                try:
+                    await self.heartbeat_to(addr, self.request_timeout_ms)
+                except (ClientError, BrokerError) as exc:
+                    logger.debug("%s: heartbeat to %s again: %s", self.client_id, addr, exc)
+                    delay_ms = min(delay_ms * 2, REHEARTBEAT_DELAY_MS_MAX)
+                    continue
+                logger.info("%s: broker %s answers heartbeats again", self.client_id, addr)
+                return
+        finally:
+            self._reheartbeats.discard(addr)
+
+    async def announce(self, topics: Iterable[str], *, every_master: bool = False) -> None:
+        """Make this instance's groups known at once (a producer's start): fetch the routes of
+        `topics` (kept refreshed from now on) and, if `every_master`, learn every master the
+        name servers know, then heartbeat every known broker. Failures are logged: the timers
+        retry them."""
+        for topic in topics:
+            self.watch_topic(topic)
+            try:
+                await self.route(topic)
+            except (ClientError, BrokerError) as exc:
+                logger.warning("%s: route of %s at start: %s", self.client_id, topic, exc)
+        if every_master:
+            try:
+                await self._learn_masters()
+            except (ClientError, BrokerError) as exc:
+                logger.warning("%s: cluster info at start: %s", self.client_id, exc)
+        await self.heartbeat()
+
+    async def _learn_masters(self) -> None:
+        """Add every broker the name servers know to the address table (heartbeats reach them)."""
+        cmd = RemotingCommand(code=RequestCode.GET_BROKER_CLUSTER_INFO)
+        response = await self.invoke_namesrv(cmd, self.request_timeout_ms, ask_next=no_brokers)
+        if response.code != ResponseCode.SUCCESS:
+            raise error_for_code(response.code, response.remark)
+        self.routes.put_brokers(ClusterInfo.from_json(response.body).broker_addr_table.values())
 
     # -- server-initiated requests ---------------------------------------------------------
 
@@ -378,6 +519,18 @@ class _Action(Protocol):
     __name__: str
 
     async def __call__(self) -> None: ...
+
+
+def no_brokers(response: RemotingCommand) -> bool:
+    """A cluster-info answer naming no broker: that name server may have just restarted."""
+    if response.code != ResponseCode.SUCCESS:
+        return False
+    return not ClusterInfo.from_json(response.body).broker_addr_table
+
+
+def _no_route(response: RemotingCommand) -> bool:
+    """A name server that knows no route may have restarted since the broker registered."""
+    return response.code == ResponseCode.TOPIC_NOT_EXIST
 
 
 def _copy(cmd: RemotingCommand) -> RemotingCommand:

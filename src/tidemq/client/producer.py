@@ -3,7 +3,11 @@
 One `send` is: publish queues of the topic (cached route; on TOPIC_NOT_EXIST from the name server,
 the TBW102 route with at most 4 queues per broker, so the broker auto-creates the topic, as the
 C++ client does) → round-robin queue choice skipping brokers that failed recently (client/fault.py
-has the rule and its table) → SEND_MESSAGE_V2 (310) to the queue's master.
+has the rule, its table and the probes that readmit a broker that answers again, run by
+fault_probe.py) → SEND_MESSAGE_V2 (310) to the queue's master.
+
+Start: routes of the declared `topics` fetched, their brokers (a TransactionProducer: every
+master) heartbeated, so check-backs reach the group before its first send (instance.announce).
 
 Retries: up to `retry_times` more attempts, all within one `send_timeout_ms` budget, each on the
 next queue and preferably on another broker than the one that just failed. Retried: timeouts,
@@ -62,6 +66,7 @@ from tidemq.protocol.headers import (
 )
 
 from .fault import FaultTracker, select_queue
+from .fault_probe import BrokerProber
 from .instance import ClientInstance
 from .message import Message, MessageExt, SendResult
 from .route_cache import DEFAULT_TOPIC_QUEUES_PER_BROKER, PublishInfo, PublishInfos
@@ -77,7 +82,9 @@ from .sending import (
     prepare_batch,
     prepare_message,
     prepare_parts,
+    send_request,
     send_result,
+    settle_send,
 )
 
 logger = logging.getLogger(__name__)
@@ -85,6 +92,9 @@ logger = logging.getLogger(__name__)
 
 class Producer:
     """Sends messages for producer group `group`. Use `async with Producer(...) as p:`."""
+
+    # start() heartbeats every master, not only the declared topics' brokers (TransactionProducer)
+    _announce_to_every_master = False
 
     def __init__(
         self,
@@ -99,6 +109,7 @@ class Producer:
         clock: Clock | None = None,
         instance: ClientInstance | None = None,
         instance_name: str | None = None,
+        topics: Sequence[str] = (),
     ) -> None:
         pm.validate_group(group)
         if send_timeout_ms <= 0 or retry_times < 0 or max_message_size <= 0:
@@ -113,7 +124,9 @@ class Producer:
         self.compress_over_bytes = compress_over_bytes
         self.compress_level = compress_level
         self.max_message_size = max_message_size
-        self.faults = FaultTracker()
+        self.faults = FaultTracker(on_failure=lambda name: self._prober.wake(name))
+        self._prober = BrokerProber(self.faults, self._instance.probe_broker, self._clock)
+        self._topics = tuple(topics)
         self._keys = pm.UniqueKeyGenerator(self._instance.client_ip, self._instance.pid)
         self._counters: dict[str, int] = {}
         self._publish_infos = PublishInfos(self._instance.routes)
@@ -142,6 +155,7 @@ class Producer:
         self._instance.register_producer(self)
         await self._instance.start()
         self._started = True
+        await self._instance.announce(self._topics, every_master=self._announce_to_every_master)
 
     async def shutdown(self) -> None:
         """Wait for `send_nowait` sends still in flight, unregister, close the instance."""
@@ -152,6 +166,7 @@ class Producer:
             self._idle = asyncio.get_running_loop().create_future()
             await self._idle
         self._timeouts.cancel()
+        await self._prober.stop()
         if self._started:
             await self._instance.unregister_producer(self._group)
             await self._instance.shutdown()
@@ -312,11 +327,16 @@ class Producer:
             )
             if self._launch(waiter, now_ms):
                 return future
-            if explicit:
-                queue = chosen  # chosen once: a selector is not asked twice
+            # The coroutine path connects to the queue chosen here. A selector is not asked
+            # twice; and choosing afresh would, under load, keep landing on connected brokers
+            # (the others' picks moved the index meanwhile), so a broker with no connection, one
+            # that restarted, would never be connected to again nor found failed.
+            queue, first = (chosen, None) if explicit else (None, chosen)
+        else:
+            first = None
         prepared = PreparedMessage(parts[0], parts[1], parts[2], message.flag, parts[3])
         self._spawn(
-            self._send_slowly(message, prepared, queue, selector, arg, sharding_key),
+            self._send_slowly(message, prepared, queue, selector, arg, sharding_key, first),
             future,
         )
         return future
@@ -329,11 +349,13 @@ class Producer:
         selector: QueueSelector | None,
         arg: Any,
         sharding_key: str | None,
+        first: MessageQueue | None = None,
     ) -> SendResult:
-        """The coroutine path of send_nowait: route lookup or connect first (see the docstring)."""
+        """The coroutine path of send_nowait: route lookup or connect first (see the docstring);
+        `first` is the queue of the first attempt, when the fast path chose one."""
         topic = message.topic
         if queue is None and selector is None and sharding_key is None:
-            return await self._send_with_retries(topic, prepared)
+            return await self._send_with_retries(topic, prepared, first=first)
         info = await self.publish_info(topic)  # also learns the brokers' addresses
         if queue is None:
             queue = explicit_queue(info.queues, message, selector, arg, sharding_key)
@@ -352,7 +374,7 @@ class Producer:
         # its first step then closes the coroutine instead of leaving it never awaited.
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(lambda done: _settle(done, future))
+        task.add_done_callback(lambda done: settle_send(done, future))
         task.add_done_callback(self._task_done)
         future.add_done_callback(lambda done: task.cancel() if done.cancelled() else None)
 
@@ -460,7 +482,8 @@ class Producer:
         info = await self.publish_info(message.topic)
         now = self._clock.monotonic_ms()
         queue = select_queue(info.queues, self._next_index(message.topic), self.faults, now)
-        cmd = self._request(message.topic, queue, prepared, RequestCode.SEND_MESSAGE_V2, False)
+        code, now_ms = RequestCode.SEND_MESSAGE_V2, self._clock.now_ms()
+        cmd = send_request(self._group, message.topic, queue, prepared, code, now_ms)
         await self._instance.remoting.invoke_oneway(
             self._instance.master_address(queue.broker_name), cmd
         )
@@ -491,9 +514,11 @@ class Producer:
         attempts_made: int = 0,
         last_failed: str | None = None,
         last_error: Exception | None = None,
+        first: MessageQueue | None = None,
     ) -> SendResult:
         """Up to 1 + retry_times attempts within one send timeout; a caller that made the first
-        attempts itself passes its deadline, their count and the last failure."""
+        attempts itself passes its deadline, their count and the last failure, one that chose
+        the first attempt's queue passes it as `first`."""
         if deadline_ms is None:
             deadline_ms = self._clock.monotonic_ms() + self.send_timeout_ms
         info = await self.publish_info(topic)
@@ -502,13 +527,14 @@ class Producer:
             now = self._clock.monotonic_ms()
             if now >= deadline_ms:
                 break
-            queue = select_queue(
+            queue = first or select_queue(
                 info.queues,
                 self._next_index(topic),
                 self.faults,
                 now,
                 last_failed_broker=last_failed,
             )
+            first = None
             try:
                 return await self._send_once(topic, queue, prepared, deadline_ms, code=code)
             except Exception as exc:
@@ -526,29 +552,6 @@ class Producer:
             raise last_error
         raise RequestTimeoutError(f"send to {topic} timed out after {self.send_timeout_ms} ms")
 
-    def _request(
-        self,
-        topic: str,
-        queue: MessageQueue,
-        prepared: PreparedMessage,
-        code: int,
-        batch: bool,
-    ) -> RemotingCommand:
-        fields = send_fields_v2(
-            self._group,
-            topic,
-            pm.TBW102,
-            DEFAULT_TOPIC_QUEUES_PER_BROKER,
-            queue.queue_id,
-            prepared.sys_flag,
-            self._clock.now_ms(),
-            0 if batch else prepared.flag,
-            prepared.properties,
-            batch,
-            queue.broker_name,
-        )
-        return RemotingCommand(code=code, ext_fields=fields, body=prepared.body)
-
     async def _send_once(
         self,
         topic: str,
@@ -558,9 +561,8 @@ class Producer:
         *,
         code: int,
     ) -> SendResult:
-        batch = code == RequestCode.SEND_BATCH_MESSAGE
         addr = self._instance.master_address(queue.broker_name)
-        cmd = self._request(topic, queue, prepared, code, batch)
+        cmd = send_request(self._group, topic, queue, prepared, code, self._clock.now_ms())
         started = self._clock.monotonic_ms()
         try:
             response = await self._instance.remoting.invoke(addr, cmd, deadline_ms - started)
@@ -582,15 +584,3 @@ class Producer:
             self._group,
             header.msg_id,
         )
-
-
-def _settle(task: asyncio.Task[SendResult], future: asyncio.Future[SendResult]) -> None:
-    """Complete `future` with the outcome of the send's coroutine path, `task` (unless the
-    caller already ended it; a cancelled task leaves it as it is)."""
-    if future.done() or task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(task.result())

@@ -26,7 +26,7 @@ from typing import Final
 
 from tidemq.errors import NoRouteError
 from tidemq.protocol import message as pm
-from tidemq.protocol.bodies import MessageQueue, TopicRouteData
+from tidemq.protocol.bodies import BrokerData, MessageQueue, TopicRouteData
 
 MASTER_ID: Final = 0
 # As the C++ and Java clients' defaultTopicQueueNums: queues asked for on auto-create.
@@ -121,6 +121,11 @@ class RouteCache:
         for broker in route.broker_datas:
             self._brokers[broker.broker_name] = dict(broker.broker_addrs)
         return previous is None or previous.route != route
+
+    def put_brokers(self, brokers: Iterable[BrokerData]) -> None:
+        """Learn broker addresses without a route (from cluster info: heartbeats reach them)."""
+        for broker in brokers:
+            self._brokers[broker.broker_name] = dict(broker.broker_addrs)
 
     def get(self, topic: str) -> TopicRouteData | None:
         entry = self._routes.get(topic)

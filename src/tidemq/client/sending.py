@@ -32,12 +32,13 @@ from tidemq.errors import (
 from tidemq.limits import MESSAGE_BODY_SIZE_MAX
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
-from tidemq.protocol.codes import ResponseCode
+from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.protocol.headers import PLAIN_DIGITS_MAX, SendMessageResponseHeader
+from tidemq.protocol.headers import PLAIN_DIGITS_MAX, SendMessageResponseHeader, send_fields_v2
 from tidemq.remoting.connection import Connection
 
 from .message import Message, SendResult, SendStatus
+from .route_cache import DEFAULT_TOPIC_QUEUES_PER_BROKER
 
 # As the Java/C++ clients' compressMsgBodyOverHowmuch and zlib level.
 COMPRESS_OVER_BYTES_DEFAULT: Final = 4 * 1024
@@ -217,6 +218,32 @@ def explicit_queue(
     return queues[pm.java_string_hash(sharding_key) % len(queues)]
 
 
+def send_request(
+    group: str,
+    topic: str,
+    queue: MessageQueue,
+    prepared: PreparedMessage,
+    code: int,
+    born_ms: int,
+) -> RemotingCommand:
+    """The SEND_MESSAGE_V2 or SEND_BATCH_MESSAGE (`code`) request of `prepared` to `queue`."""
+    batch = code == RequestCode.SEND_BATCH_MESSAGE
+    fields = send_fields_v2(
+        group,
+        topic,
+        pm.TBW102,
+        DEFAULT_TOPIC_QUEUES_PER_BROKER,
+        queue.queue_id,
+        prepared.sys_flag,
+        born_ms,
+        0 if batch else prepared.flag,
+        prepared.properties,
+        batch,
+        queue.broker_name,
+    )
+    return RemotingCommand(code=code, ext_fields=fields, body=prepared.body)
+
+
 def send_result(
     topic: str, queue: MessageQueue, uniq_key: str, response: RemotingCommand
 ) -> SendResult:
@@ -393,3 +420,15 @@ class SendTimeouts:
             earliest = min(waiter.expires_at for waiter in self._waiters)
             self._timer = loop.call_at(earliest, self._fire)
             self._timer_at = earliest
+
+
+def settle_send(task: asyncio.Task[SendResult], future: asyncio.Future[SendResult]) -> None:
+    """Complete `future` with the outcome of a send's coroutine path, `task` (unless the
+    caller already ended it; a cancelled task leaves it as it is)."""
+    if future.done() or task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(task.result())

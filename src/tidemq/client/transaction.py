@@ -201,6 +201,10 @@ class TransactionProducer(Producer):
     Use `async with TransactionProducer(group, namesrv, listener=...) as producer:`.
     """
 
+    # Check-backs for the group's pending halves may come from any master, not only from the
+    # brokers of the declared topics: start() heartbeats them all.
+    _announce_to_every_master = True
+
     def __init__(
         self,
         group: str,
