@@ -133,3 +133,24 @@ async def test_full_disk_refuses_with_14_and_keeps_what_was_stored(tmp_path: Pat
         assert response.code == ResponseCode.SERVICE_NOT_AVAILABLE
         assert "disk" in (response.remark or "").lower()
         assert [m.body for m in messages(await broker.pull("TopicF"))] == [b"0", b"1", b"2"]
+
+
+async def test_a_peer_repeating_bad_sends_gets_a_few_short_log_lines(
+    broker: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every refusal is answered, but one connection's refusals are logged a few per window,
+    each clipped: 50 sends with a 100 KB illegal topic name must not write 50 times 100 KB."""
+    import logging
+
+    from tidemq.remoting.connection import PEER_ERROR_LOG_CHARS_MAX
+    from tidemq.remoting.log_limit import LOG_LINES_PER_WINDOW_MAX
+
+    caplog.set_level(logging.INFO, logger="tidemq")
+    huge = "t/" + "x" * 100_000
+    for _ in range(50):
+        response = await broker.send(huge, b"x")
+        assert response.code == ResponseCode.SYSTEM_ERROR
+    refused = [r for r in caplog.records if "refused with" in r.getMessage()]
+    assert 1 <= len(refused) <= LOG_LINES_PER_WINDOW_MAX
+    assert all(len(r.getMessage()) < PEER_ERROR_LOG_CHARS_MAX + 300 for r in refused)
+    assert not any(r.exc_info for r in caplog.records)

@@ -75,20 +75,22 @@ def test_defaults_are_rocketmq_defaults() -> None:
 
 def test_layering_file_then_env_then_overrides(tmp_path: Path) -> None:
     path = tmp_path / "broker.conf"
-    path.write_text("brokerName=from-file\nlistenPort=1111\nbrokerId=0\n")
+    path.write_text("brokerName=from-file\nlistenPort=1111\nbrokerId=3\n")
     env = {
         "TIDEMQ_LISTEN_PORT": "2222",
         "TIDEMQ_BROKER_ID": "1",
         "NAMESRV_ADDR": "1.1.1.1:9876",
         "PATH": "/bin",
     }
-    cfg = load_broker_config(path, env, {"brokerId": "2", "broker_ip": "10.1.1.1"})
+    # brokerId: 3 in the file, 1 in the environment, 0 (the only id allowed) from the flags.
+    cfg = load_broker_config(path, env, {"brokerId": "0", "broker_ip": "10.1.1.1"})
     assert cfg.broker_name == "from-file"
     assert cfg.listen_port == 2222
-    assert cfg.broker_id == 2
+    assert cfg.broker_id == 0
     assert cfg.broker_ip == "10.1.1.1"
     assert cfg.namesrv_addrs == ("1.1.1.1:9876",)
     env["TIDEMQ_NAMESRV_ADDR"] = "2.2.2.2:9876"
+    env["TIDEMQ_BROKER_ID"] = "0"
     assert load_broker_config(None, env, {}).namesrv_addrs == ("2.2.2.2:9876",)
 
 

@@ -86,3 +86,12 @@ def test_cli_exits_non_zero_with_one_line(tmp_path: Path, role: str) -> None:
     assert lines[0].startswith(f"tidemq broker: brokerRole={role}")
     assert REFUSED in lines[0]
     assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize(("value", "where"), [("1", "override"), ("2", "override")])
+def test_a_slave_broker_id_is_refused_naming_its_source(value: str, where: str) -> None:
+    """brokerId > 0 makes clients and name servers treat the broker as a slave (no writes, no
+    END_TRANSACTION), which an unreplicated broker cannot be."""
+    with pytest.raises(ConfigError, match=rf"brokerId={value} \(from {where}\)"):
+        load_broker_config(None, {}, {"brokerId": value})
+    assert load_broker_config(None, {}, {"brokerId": "0"}).broker_id == 0

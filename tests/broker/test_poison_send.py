@@ -154,3 +154,29 @@ async def test_refusals_are_logged_once_per_interval(
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert lines[0].levelno == logging.WARNING
     assert TOPIC in lines[0].getMessage()
+
+
+@pytest.mark.parametrize("codec", [SysFlag.COMPRESSION_LZ4, SysFlag.COMPRESSION_ZSTD])
+async def test_a_body_another_codec_compressed_is_stored_as_sent(
+    broker: Harness, codec: int
+) -> None:
+    """RocketMQ 5 producers name LZ4 or ZSTD in sysFlag bits 8-10; upstream stores such a body
+    unchanged and its consumers inflate it, so the zlib check must not refuse it."""
+    body = b"\x04\x22\x4d\x18 not zlib, another codec's frame"
+    response = await broker.send(TOPIC, body, code=V2, sys_flag=COMPRESSED | codec)
+    assert response.code == ResponseCode.SUCCESS, response.remark
+    (record,) = stored(broker, TOPIC)
+    assert record.body == body
+    assert record.sys_flag & SysFlag.COMPRESSION_TYPE_MASK == codec
+    # Naming zlib explicitly is checked like the 4.x flag alone.
+    named_zlib = await broker.send(
+        TOPIC, POISON, code=V2, sys_flag=COMPRESSED | SysFlag.COMPRESSION_ZLIB
+    )
+    assert_poison_refused(named_zlib)
+
+
+def test_codec_bits() -> None:
+    assert SysFlag.is_zlib_compressed(SysFlag.COMPRESSED)
+    assert SysFlag.is_zlib_compressed(SysFlag.COMPRESSED | SysFlag.COMPRESSION_ZLIB)
+    assert not SysFlag.is_zlib_compressed(SysFlag.COMPRESSED | SysFlag.COMPRESSION_LZ4)
+    assert not SysFlag.is_zlib_compressed(SysFlag.COMPRESSION_ZLIB)

@@ -6,6 +6,7 @@ runs) returns the whole body. For any input they must agree: the same size, or b
 
 from __future__ import annotations
 
+import random
 import zlib
 
 import pytest
@@ -13,7 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidemq.errors import ProtocolError
-from tidemq.protocol.message_batch import INFLATE_CHECK_CHUNK_BYTES, inflate, inflated_size
+from tidemq.protocol.message_batch import (
+    INFLATE_CHECK_CHUNK_BYTES,
+    INFLATE_CHECK_INPUT_BYTES,
+    inflate,
+    inflated_size,
+)
 
 
 def outcome(function: object, body: bytes, size_max: int) -> object:
@@ -49,3 +55,18 @@ def test_bodies_over_several_chunks() -> None:
         inflated_size(body, len(plain) - 1)
     with pytest.raises(ProtocolError, match="truncated"):
         inflated_size(body[: len(body) // 2], len(plain))
+
+
+@pytest.mark.parametrize("cut", [0, 1, 5, INFLATE_CHECK_INPUT_BYTES, -1])
+def test_incompressible_bodies_over_several_input_steps(cut: int) -> None:
+    """Input is fed a step at a time too: bodies of several steps, whole, cut at and around a
+    step's boundary, or with bytes after the stream (ignored, as `inflate` ignores them)."""
+    plain = random.Random(cut).randbytes(3 * INFLATE_CHECK_INPUT_BYTES + 123)
+    body = zlib.compress(plain, 1)
+    assert len(body) > 3 * INFLATE_CHECK_INPUT_BYTES
+    if cut == -1:
+        body += b"trailing bytes"
+    elif cut:
+        body = body[: 3 * INFLATE_CHECK_INPUT_BYTES - cut + 1]
+    for size_max in (len(plain), len(plain) - 1, 2 * INFLATE_CHECK_INPUT_BYTES):
+        assert outcome(inflated_size, body, size_max) == outcome(inflate, body, size_max)

@@ -120,3 +120,27 @@ async def test_every_malformed_header_or_body_is_one_line(
     assert answer.remark
     assert len(bad_request_lines(caplog)) == 1
     assert not [r for r in caplog.records if r.exc_info]
+
+
+async def test_a_huge_field_makes_a_short_line(
+    app: NamesrvApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The error text may quote what the peer sent: the log keeps its head, not 150 KB of it."""
+    caplog.set_level(logging.DEBUG, logger="tidemq")
+    fields = {
+        "brokerAddr": "a:1",
+        "brokerName": "b",
+        "clusterName": "c",
+        "haServerAddr": "a:2",
+        "brokerId": "x\n" * 50_000,
+    }
+    client = RemotingClient()
+    try:
+        request = RemotingCommand(code=RequestCode.REGISTER_BROKER, ext_fields=fields)
+        answer = await client.invoke(f"127.0.0.1:{app.port}", request, TIMEOUT_MS)
+    finally:
+        await client.close()
+    assert answer.code == ResponseCode.SYSTEM_ERROR
+    (line,) = bad_request_lines(caplog)
+    assert "brokerId" in line.getMessage()
+    assert len(line.getMessage()) < 1024

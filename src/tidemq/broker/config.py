@@ -45,6 +45,7 @@ from tidemq.limits import (
     CONSUME_QUEUE_FILE_ENTRIES_DEFAULT,
     MESSAGE_BODY_SIZE_MAX,
 )
+from tidemq.protocol.message import MASTER_BROKER_ID
 from tidemq.store.config import COMMIT_LOG_RESIDENT_BYTES_DEFAULT
 
 log = logging.getLogger(__name__)
@@ -290,17 +291,26 @@ def load_broker_config(
         if where is None:
             raise
         raise ConfigError(f"{exc} (from {where})") from None
-    _refuse_replication_role(config, source_of.get("broker_role", "defaults"))
+    _refuse_replication_role(config, source_of)
     return config
 
 
-def _refuse_replication_role(config: BrokerConfig, where: str) -> None:
-    """Refuse a role that needs replication (ROLES_NEEDING_REPLICATION), in one line."""
+def _refuse_replication_role(config: BrokerConfig, source_of: dict[str, str]) -> None:
+    """Refuse, in one line, a role that needs replication (ROLES_NEEDING_REPLICATION) and a
+    brokerId other than 0: a broker with an id above 0 is a slave to clients and name servers
+    (they send it no writes and no END_TRANSACTION), which without replication it cannot be.
+    Upstream forces a master's id to 0 silently; we say so instead."""
     role = config.broker_role
     if role in ROLES_NEEDING_REPLICATION:
         raise ConfigError(
-            f"brokerRole={role} (from {where}): refused until TideMQ has replication; "
-            "a broker runs as brokerRole=ASYNC_MASTER"
+            f"brokerRole={role} (from {source_of.get('broker_role', 'defaults')}): refused "
+            "until TideMQ has replication; a broker runs as brokerRole=ASYNC_MASTER"
+        )
+    if config.broker_id != MASTER_BROKER_ID:
+        raise ConfigError(
+            f"brokerId={config.broker_id} (from {source_of.get('broker_id', 'defaults')}): a "
+            f"broker is its group's master, brokerId={MASTER_BROKER_ID}, until TideMQ has "
+            "replication (ids above 0 name slaves)"
         )
 
 

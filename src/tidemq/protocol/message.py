@@ -266,6 +266,18 @@ class SysFlag:
     TRANSACTION_MASK: Final = 0xC
     BORNHOST_V6: Final = 0x10
     STOREHOST_V6: Final = 0x20
+    # RocketMQ 4.9+/5 name the codec of a COMPRESSED body in bits 8-10; 4.x clients leave them 0,
+    # which means zlib.
+    COMPRESSION_TYPE_MASK: Final = 0x700
+    COMPRESSION_LZ4: Final = 0x100
+    COMPRESSION_ZSTD: Final = 0x200
+    COMPRESSION_ZLIB: Final = 0x300
+
+    @staticmethod
+    def is_zlib_compressed(sys_flag: int) -> bool:
+        """The body is a zlib stream: COMPRESSED, with no codec named or zlib named."""
+        codec = sys_flag & SysFlag.COMPRESSION_TYPE_MASK
+        return bool(sys_flag & SysFlag.COMPRESSED) and codec in (0, SysFlag.COMPRESSION_ZLIB)
 
     @staticmethod
     def transaction_type(sys_flag: int) -> int:

@@ -123,6 +123,10 @@ def inflate(body: bytes, size_max: int = FRAME_SIZE_MAX) -> bytes:
 
 # Output bytes per step of `inflated_size`: the check holds this much, not the whole body.
 INFLATE_CHECK_CHUNK_BYTES: Final = 256 * 1024
+# Input bytes per step of `inflated_size`. zlib hands back the input a step did not consume as a
+# new bytes object (`unconsumed_tail`); fed the whole body at once, each step copied the rest of
+# it, quadratic in the body: 3.5 ms instead of 1.8 ms for a 4 MiB incompressible body.
+INFLATE_CHECK_INPUT_BYTES: Final = 64 * 1024
 
 
 def inflated_size(body: bytes, size_max: int) -> int:
@@ -135,13 +139,17 @@ def inflated_size(body: bytes, size_max: int) -> int:
     """
     decompressor = zlib.decompressobj()
     size = 0
-    pending = body
+    view = memoryview(body)
     try:
-        while pending and not decompressor.eof:
-            size += len(decompressor.decompress(pending, INFLATE_CHECK_CHUNK_BYTES))
-            if size > size_max:
-                raise ProtocolError(f"inflated body exceeds {size_max} bytes")
-            pending = decompressor.unconsumed_tail
+        for start in range(0, len(view), INFLATE_CHECK_INPUT_BYTES):
+            pending: bytes | memoryview = view[start : start + INFLATE_CHECK_INPUT_BYTES]
+            while pending and not decompressor.eof:
+                size += len(decompressor.decompress(pending, INFLATE_CHECK_CHUNK_BYTES))
+                if size > size_max:
+                    raise ProtocolError(f"inflated body exceeds {size_max} bytes")
+                pending = decompressor.unconsumed_tail
+            if decompressor.eof:
+                break
     except zlib.error as exc:
         raise ProtocolError(f"body is not zlib data: {exc}") from None
     if not decompressor.eof:

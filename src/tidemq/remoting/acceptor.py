@@ -12,8 +12,9 @@ wait in the kernel's listen backlog. The two loops we run on handle that badly, 
 Here a failed accept logs one line (rate-limited per server, log_limit.py) naming the error and
 the descriptor limit, stops watching the socket for ACCEPT_RETRY_DELAY_MS, and tries again; the
 waiting connections stay in the backlog and are accepted once descriptors are free again.
-Watching the socket needs `loop.add_reader`, so servers run on POSIX loops (asyncio's selector
-loop, uvloop); the broker's store is POSIX-only anyway.
+An error of the one connection being accepted (ECONNABORTED, EPROTO, ...) only drops that
+connection: accepting goes on at once. Watching the socket needs `loop.add_reader`, so servers
+run on POSIX loops (asyncio's selector loop, uvloop); the broker's store is POSIX-only anyway.
 """
 
 from __future__ import annotations
@@ -46,6 +47,26 @@ LISTEN_BACKLOG: Final = 1024
 
 # accept() errors that mean "no resources now" rather than "this connection failed".
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# accept() errors of the one connection being accepted, not of the listening socket: Linux
+# passes a new connection's pending network error on from accept(), to be treated "like EAGAIN
+# by retrying" (accept(2)); EPERM is a firewall's refusal. Backing off for these would let any
+# peer whose handshake goes wrong stop accepting for ACCEPT_RETRY_DELAY_MS (asyncio does not).
+_CONNECTION_ERRNOS: Final = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNABORTED",
+        "EPROTO",
+        "EPERM",
+        "ENETDOWN",
+        "ENETUNREACH",
+        "ENOPROTOOPT",
+        "EHOSTDOWN",
+        "EHOSTUNREACH",
+        "ENONET",
+        "EOPNOTSUPP",
+    )
+    if hasattr(errno, name)
+)
 
 ProtocolFactory = Callable[[], asyncio.Protocol]
 
@@ -101,14 +122,19 @@ class Acceptor:
             await asyncio.gather(*self._handovers, return_exceptions=True)
 
     def _on_readable(self) -> None:
+        if self._sock.fileno() < 0:
+            return  # closed by `close` after this callback was queued
         for _ in range(ACCEPTS_PER_WAKEUP_MAX):
             try:
                 connection, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except ConnectionAbortedError:
-                continue  # the peer gave up while waiting in the backlog
             except OSError as exc:
+                if exc.errno in _CONNECTION_ERRNOS:
+                    # That connection is lost (e.g. the peer gave up while in the backlog); the
+                    # next one may be fine.
+                    logger.debug("%s: accept on port %d: %s", self._name, self.port, exc)
+                    continue
                 self._back_off(exc)
                 return
             self._hand_over(connection)
@@ -144,18 +170,31 @@ class Acceptor:
             self._on_readable()
 
     def _hand_over(self, connection: socket.socket) -> None:
-        connection.setblocking(False)
-        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            connection.setblocking(False)
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:  # e.g. reset already (EINVAL on BSDs): close it, go on accepting
+            connection.close()
+            logger.debug("%s: dropping a connection just accepted: %s", self._name, exc)
+            return
         task = self._loop.create_task(self._connect(connection))
         self._handovers.add(task)
         task.add_done_callback(self._handovers.discard)
 
     async def _connect(self, connection: socket.socket) -> None:
+        # Whatever fails, the descriptor is closed here: a transport that took it over detached
+        # (uvloop) or shares (asyncio) this socket object, so the second close is a no-op.
         try:
             await self._loop.connect_accepted_socket(self._factory, connection)
         except OSError as exc:
             connection.close()
             self._log.warning("%s: dropping a connection just accepted: %s", self._name, exc)
+        except Exception:
+            connection.close()
+            logger.exception("%s: cannot serve a connection just accepted", self._name)
+        except BaseException:  # cancelled (stop): never leak the descriptor
+            connection.close()
+            raise
 
 
 def raise_open_files_limit() -> tuple[int, int]:

@@ -73,6 +73,9 @@ WRITE_BUFFER_BYTES_MAX: Final = 8 * 1024 * 1024
 # -> 81-91k once bodies count, unchanged while only requests counted.
 TURN_BUDGET: Final = 16
 _BODY_UNIT_SHIFT: Final = 11  # a request costs one more per 2 KiB of its body
+# Characters of a peer's ProtocolError text that reach the log: the text may quote what the peer
+# sent (a 100 KB header field made a 150 KB line), and the line only has to say what was wrong.
+PEER_ERROR_LOG_CHARS_MAX: Final = 300
 
 ConnectionCallback = Callable[["Connection"], None]
 
@@ -559,7 +562,9 @@ class Connection(asyncio.Protocol):
                 else:
                     response = await handler(self, cmd)
         except ProtocolError as exc:
-            self.log_peer_error("bad request code %d from %s: %s", cmd.code, self.peer_text, exc)
+            self.log_peer_error(
+                "bad request code %d from %s: %s", cmd.code, self.peer_text, clip_peer_text(exc)
+            )
             response = cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(exc))
         except Exception as exc:
             # A task boundary: the handler's failure becomes the peer's SYSTEM_ERROR; the
@@ -578,9 +583,19 @@ class Connection(asyncio.Protocol):
             except ConnectionClosedError:
                 logger.debug("%s closed before the response to %d left", self.peer_text, cmd.code)
 
-    def log_peer_error(self, message: str, *args: object) -> None:
-        """Log a warning about something the peer got wrong, rate-limited per connection
-        (log_limit.py): what a peer can make us log stays small beside what it sends."""
+    def log_peer_error(self, message: str, *args: object, level: int = logging.WARNING) -> None:
+        """Log something the peer got wrong (or asked for and was refused), rate-limited per
+        connection (log_limit.py): what a peer can make us log stays small beside what it sends.
+        Quote peer-supplied text through `clip_peer_text`."""
         if self._peer_errors is None:
             self._peer_errors = LogLimit(logger, self._clock)
-        self._peer_errors.warning(message, *args)
+        self._peer_errors.log(level, message, *args)
+
+
+def clip_peer_text(text: object) -> str:
+    """`text` for a log line, cut to PEER_ERROR_LOG_CHARS_MAX: an error's text can quote what
+    the peer sent (a 100 KB field made a 150 KB line)."""
+    text = str(text)
+    if len(text) > PEER_ERROR_LOG_CHARS_MAX:
+        return f"{text[:PEER_ERROR_LOG_CHARS_MAX]}... ({len(text)} characters)"
+    return text

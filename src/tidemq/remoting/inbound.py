@@ -123,8 +123,8 @@ class FrameBudget:
     """The bytes of incomplete frames held across one server's connections, and its bound.
 
     Each InboundFrames reports what it holds after every read; past `bytes_max` the holders of
-    the most are evicted (closed), largest first, newest first among equals, until the sum is at
-    most `bytes_max` again.
+    the most are evicted (closed), largest first, the last charged first among equals, until the
+    sum is at most `bytes_max` again.
     """
 
     __slots__ = ("_held", "_log", "buffered_bytes", "buffered_bytes_peak", "bytes_max", "evictions")
@@ -137,7 +137,8 @@ class FrameBudget:
         self.buffered_bytes_peak = 0
         self.evictions = 0
         self._log = log
-        # Insertion order is charge order, so among equal holders the newest is the last.
+        # Insertion order is charge order (`hold` re-inserts on every read), so among equal
+        # holders the one that read last is the last.
         self._held: dict[InboundFrames, int] = {}
 
     @property

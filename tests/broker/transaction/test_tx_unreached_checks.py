@@ -141,6 +141,10 @@ async def test_one_log_line_per_pass(world: World, caplog: pytest.LogCaptureFixt
 
 TOPIC = "TopicUnreached"
 INTERVAL_MS = 100
+# A half becomes due this long after it is stored. The producer that sent it must be gone by
+# then (send_and_leave): a check that still reached it would count (CHECK_MAX = 1) and the next
+# pass would discard the half. 200 ms left too little room on a loaded machine.
+TX_TIMEOUT_MS = 2_000
 COMMIT = LocalTransactionState.COMMIT_MESSAGE
 UNKNOW = LocalTransactionState.UNKNOW
 
@@ -164,7 +168,7 @@ class Answers:
 def settings(unreached_max: int) -> dict[str, str]:
     return {
         "transactionCheckInterval": str(INTERVAL_MS),
-        "transactionTimeOut": "200",
+        "transactionTimeOut": str(TX_TIMEOUT_MS),
         "transactionCheckMax": str(CHECK_MAX),
         "transactionUnreachedCheckMax": str(unreached_max),
     }
@@ -196,6 +200,7 @@ async def send_and_leave(cluster: Any, body: bytes) -> None:
         await producer.send_message_in_transaction(Message(TOPIC, body))
     broker = cluster.brokers[0]
     await eventually(lambda: not broker.clients.producer_channels(GROUP))
+    assert stats(broker)["checked"] == 0, "the producer was still live when the half became due"
 
 
 async def test_a_half_outlives_unreached_passes_and_is_committed(patient: Any) -> None:

@@ -16,11 +16,9 @@ from typing import Final
 from tidemq.errors import ProtocolError
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.remoting.connection import Connection
+from tidemq.remoting.connection import Connection, clip_peer_text
 from tidemq.remoting.handlers import Handler
 from tidemq.store.types import PutStatus
-
-log = logging.getLogger("tidemq.broker.handlers")
 
 # Store refusals → response codes (§4.1 "Store errors map to response codes"); one table for every
 # handler that stores (send, end transaction).
@@ -68,15 +66,20 @@ def refuse(
     remark: str,
     ext_fields: dict[str, str] | None = None,
 ) -> RemotingCommand:
-    """The error response, logged with the request code and the peer."""
+    """The error response, logged with the request code and the peer.
+
+    The line goes through the connection's per-peer limit (a few lines per window, then a count
+    of those left out) with the remark clipped: a client that repeats a bad request, or sends a
+    huge field the remark quotes, cannot make the broker's log grow faster than its own traffic.
+    """
     level = logging.INFO if code in _ROUTINE_CODES else logging.WARNING
-    log.log(
-        level,
+    connection.log_peer_error(
         "%s from %s refused with %s: %s",
         _code_name(request.code),
         connection.peer_text,
         response_name(code),
-        remark,
+        clip_peer_text(remark),
+        level=level,
     )
     return request.response(code, ext_fields, remark=remark)
 

@@ -201,7 +201,8 @@ class SendHandler:
         transactional = TRAN_MSG in properties and is_true_text(properties[TRAN_MSG])
         if transactional or len(body) > self._config.max_message_size:
             self._check_single(body, properties)
-        if sys_flag & SysFlag.COMPRESSED:
+        if sys_flag & SysFlag.COMPRESSED and SysFlag.is_zlib_compressed(sys_flag):
+            # LZ4 and ZSTD bodies (RocketMQ 5 producers) are stored as sent, as upstream does.
             refusal = self._compressed.check(body, topic, connection.peer_text)
             if refusal is not None:
                 return request.response(ResponseCode.MESSAGE_ILLEGAL, remark=refusal)
