@@ -3,6 +3,7 @@ and never stops the records behind it (client/pull_answer.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -20,7 +21,7 @@ from tidemq.client.pull_answer import (
 from tidemq.clock import FakeClock
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
-from tidemq.protocol.codes import RequestCode
+from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.record import BODY_OFFSET, encode_record
 
@@ -211,3 +212,58 @@ async def test_push_consumer_gets_past_a_broken_frame_and_a_poison_record(qfake)
         if p.ext_fields["queueOffset"] == "5" and p.ext_fields["maxMsgNums"] == "1"
     ]
     assert one_at_five
+
+
+class _ResettableBroker(QueueBroker):
+    """Answers PULL_OFFSET_MOVED (next: the queue's end) for an offset past the end, as the
+    broker does once a queue starts again from 0 (topic deleted and created, store replaced)."""
+
+    def _pull(self, request: RemotingCommand) -> RemotingCommand:
+        topic, qid = request.ext_fields["topic"], int(request.ext_fields["queueId"])
+        end = len(self.queues.get((topic, qid), []))
+        if int(request.ext_fields["queueOffset"]) > end:
+            fields = {
+                "suggestWhichBrokerId": "0",
+                "minOffset": "0",
+                "maxOffset": str(end),
+                "nextBeginOffset": str(end),
+            }
+            return request.response(ResponseCode.PULL_OFFSET_MOVED, fields)
+        return super()._pull(request)
+
+
+async def test_offset_moved_back_is_not_committed_past_by_earlier_pulls():
+    """Pulls that reached offset 10 before the queue restarted from 0 must not make the consumer
+    commit 10 later: a new owner would start there and skip every message below it."""
+    b = _ResettableBroker("broker-a")
+    cluster = FakeCluster([b])
+    await cluster.start()
+    cluster.add_topic("TopicA", queues=1)
+    got: list[MessageExt] = []
+    c = PushConsumer(
+        "CG",
+        cluster.namesrv_addr,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        rebalance_interval_ms=100,
+        persist_interval_ms=50,
+    )
+    c.subscribe("TopicA", "*")
+    c.register_listener(got.extend)
+    mq = MessageQueue("TopicA", "broker-a", 0)
+    try:
+        for i in range(10):
+            b.put("TopicA", 0, f"old{i}".encode())
+        await c.start()
+        await until(lambda: len(got) == 10 and b.offsets.get(("CG", "TopicA", 0)) == 10)
+        b.queues[("TopicA", 0)] = []  # the queue starts again from 0
+        await until(lambda: c.committed_offsets().get(mq) == 0)
+        for i in range(3):
+            b.put("TopicA", 0, f"new{i}".encode())
+        await until(lambda: len(got) == 13)
+        await until(lambda: b.offsets.get(("CG", "TopicA", 0)) == 3)
+        await asyncio.sleep(0.3)  # a few more empty pulls and commit rounds
+        assert c.committed_offsets().get(mq) == 3
+        assert b.offsets.get(("CG", "TopicA", 0)) == 3
+    finally:
+        await c.shutdown()
+        await cluster.stop()

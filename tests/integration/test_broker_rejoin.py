@@ -19,6 +19,7 @@ import pytest
 from tidemq.client.admin import Admin
 from tidemq.client.message import Message
 from tidemq.client.producer import Producer
+from tidemq.errors import TopicNotExistError
 from tidemq.testing import eventually, eventually_async
 from tidemq.testing.processes import ProcessCluster, ServerProcess, process_cluster
 
@@ -49,7 +50,11 @@ async def _topic_on_every_broker(pc: ProcessCluster) -> None:
         )
 
         async def route_spans_all() -> bool:
-            route = await admin.instance.fetch_route(TOPIC)
+            # The brokers register the new topic with the name server on their own schedule.
+            try:
+                route = await admin.instance.fetch_route(TOPIC)
+            except TopicNotExistError:
+                return False
             return len(route.broker_datas) == len(pc.brokers)
 
         await eventually_async(route_spans_all, 30.0)

@@ -21,7 +21,7 @@ import pytest
 
 from tidemq.client.admin import Admin
 from tidemq.client.consumer import PushConsumer
-from tidemq.client.message import ConsumeFromWhere, Message, MessageExt
+from tidemq.client.message import ConsumeFromWhere, Message, MessageExt, MessageQueue
 from tidemq.client.producer import Producer
 from tidemq.client.rebalance import allocate_averagely
 from tidemq.testing import LocalCluster, eventually, local_cluster
@@ -134,3 +134,59 @@ async def test_three_consumers_started_together_duplicate_only_what_was_in_fligh
     print(f"group start: {MESSAGES} messages, {duplicates} delivered twice (bound {bound})")
     assert shares == [QUEUES // CONSUMERS] * CONSUMERS
     assert duplicates <= bound
+
+
+ORDERLY_TOPIC: Final = "GroupStartOrderly"
+# Long enough that a consumer which took the queue at once would have consumed from it.
+OLD_OWNER_BUSY_S: Final = 1.0
+
+
+async def test_orderly_queue_is_not_released_under_a_running_listener_call(cluster):
+    """The old owner gives an orderly queue up while its listener is in a call: the broker lock
+    is released only once the call returns (as upstream waits for its consume lock), so the new
+    owner never consumes the queue alongside it, and starts after the batch that call finished."""
+    mq = MessageQueue(ORDERLY_TOPIC, "broker-a", 0)
+    async with Admin(cluster.namesrv_addr) as admin:
+        await admin.create_topic(
+            ORDERLY_TOPIC, broker_addr=cluster.broker_addr, read_queue_nums=1, write_queue_nums=1
+        )
+    async with Producer("OrderlyStartProducer", cluster.namesrv_addr) as producer:
+        for i in range(3):
+            await producer.send(Message(ORDERLY_TOPIC, f"m{i}".encode()), queue=mq)
+    entered, go = threading.Event(), threading.Event()
+    old_got: list[bytes] = []
+    new_got: list[bytes] = []
+
+    def old_listener(messages: list[MessageExt]) -> None:
+        entered.set()
+        go.wait(10)
+        old_got.extend(m.body for m in messages)
+
+    def consumer(name: str) -> PushConsumer:
+        return PushConsumer(
+            "OrderlyStartGroup",
+            cluster.namesrv_addr,
+            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+            orderly=True,
+            rebalance_interval_ms=100,
+            instance_name=name,
+        )
+
+    # One queue goes to the first client id in sorted order: the newcomer's ("a..." < "z...").
+    old, new = consumer("z-old-owner"), consumer("a-new-owner")
+    for c, listener in ((old, old_listener), (new, lambda ms: new_got.extend(m.body for m in ms))):
+        c.subscribe(ORDERLY_TOPIC, "*")
+        c.register_listener(listener)
+    try:
+        await old.start()
+        await eventually(entered.is_set, what="the old owner's listener call")
+        await new.start()
+        await eventually(lambda: mq not in old.assigned_queues(), what="the old owner gives up")
+        await asyncio.sleep(OLD_OWNER_BUSY_S)
+        assert new_got == []  # the queue is still locked by the old owner's running call
+        go.set()
+        await eventually(lambda: new_got == [b"m1", b"m2"], what="the new owner consumes the rest")
+    finally:
+        go.set()
+        await asyncio.gather(old.shutdown(), new.shutdown())
+    assert old_got == [b"m0"]

@@ -4,6 +4,7 @@ empty name server stands for one that has just restarted, next to one the broker
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -79,3 +80,37 @@ def test_clients_start_at_a_random_namesrv() -> None:
     listing = "127.0.0.1:1;127.0.0.1:2;127.0.0.1:3"
     starts = {ClientInstance(listing, rng=random.Random(seed))._namesrv_index for seed in range(30)}
     assert starts == {0, 1, 2}
+
+
+async def test_a_hung_namesrv_is_not_asked_again_for_every_unknown_topic(
+    cluster: LocalCluster,
+) -> None:
+    """A name server that accepts but never answers cost a request timeout on every lookup of a
+    topic nobody knows (a consumer's retry topic each rebalance round; a new producer's first
+    send, whose whole send timeout it used up). After it failed once, it is skipped for such a
+    second opinion for a while (instance.NAMESRV_FAILURE_MEMORY_MS)."""
+    frames_to_hung = 0
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal frames_to_hung
+        while await reader.read(65536):
+            frames_to_hung += 1
+        writer.close()
+
+    hung = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    hung_port = hung.sockets[0].getsockname()[1]
+    listing = f"{cluster.namesrv_addr};127.0.0.1:{hung_port}"
+    instance = ClientInstance(listing, rng=_FirstInList(), request_timeout_ms=1_000)
+    try:
+        with pytest.raises(TopicNotExistError):
+            await instance.fetch_route("NoSuchTopic")  # learns that the second one hangs
+        asked = frames_to_hung
+        assert asked >= 1
+        for _ in range(3):
+            with pytest.raises(TopicNotExistError):
+                await instance.fetch_route("NoSuchTopic")
+        assert frames_to_hung == asked
+    finally:
+        await instance.remoting.close()
+        hung.close()
+        await hung.wait_closed()

@@ -8,10 +8,14 @@ every queue of a rebalance round together, in three steps:
 
     1. stop      mark every released process queue dropped and cancel its pull loop, all at
                  once and before any await: from here no listener call starts for any of them
-                 (a concurrent batch waiting for a slot checks `dropped` first)
+                 (a concurrent batch waiting for a slot checks `dropped` first). Orderly: a
+                 batch already with the listener is waited for (ORDERLY_RELEASE_WAIT_MS at
+                 most), as upstream waits for its consume lock; its result then counts
     2. commit    send every released queue's offset (the lowest unfinished message) at once:
                  one round trip for the lot, not one per queue
-    3. release   forget the offsets; orderly: UNLOCK_BATCH_MQ, so the new owner may lock
+    3. release   forget the offsets; orderly: UNLOCK_BATCH_MQ, so the new owner may lock,
+                 except for a queue whose listener call is still running: its broker lock is
+                 left to expire, so the new owner never consumes it alongside that call
 
 as upstream drops the process queue and persists its offset on rebalance. Giving queues up one
 at a time (stop, commit, next queue) kept the later queues consuming for a round trip per queue
@@ -34,6 +38,7 @@ import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Final
 
 from tidemq.errors import BrokerError, ClientError, ProtocolError, QueueError
 from tidemq.protocol.bodies import MessageQueue
@@ -49,14 +54,41 @@ from .route_cache import master_addresses, subscribe_queues
 logger = logging.getLogger(__name__)
 
 
+# Orderly: how long giving a queue up waits for the listener call in progress on it (a call is
+# not cut short: the listener may be a thread). Upstream tries its consume lock for 1 s and
+# retries at the next rebalance (20 s); one round here waits longer instead of coming back.
+# Past it the broker lock is not released but left to expire (60 s, broker side).
+ORDERLY_RELEASE_WAIT_MS: Final = 5_000
+
+
 @dataclass(slots=True)
 class OwnedQueue:
-    """A queue this consumer holds: its process queue, the next offset to pull, its tasks."""
+    """A queue this consumer holds: its process queue, the next offset to pull, its tasks.
+
+    Orderly: `call` is the batch task with the listener (shielded from the loop's cancellation),
+    and `released` is set once the queue's offset was committed for giving it up: a call that
+    ends later must not record an offset for a queue this consumer no longer holds."""
 
     mq: MessageQueue
     pq: ProcessQueue
     next_offset: int
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+    call: asyncio.Task[bool] | None = None
+    released: bool = False
+
+    @property
+    def in_call(self) -> bool:
+        """Whether a listener call of this queue's (orderly) is running."""
+        return self.call is not None and not self.call.done()
+
+
+async def wait_for_calls(owned: list[OwnedQueue], wait_ms: float) -> set[MessageQueue]:
+    """Wait up to `wait_ms` for the listener calls running on `owned`; the queues still in one."""
+    calls = {queue.call: queue.mq for queue in owned if queue.call is not None and queue.in_call}
+    if not calls:
+        return set()
+    _, running = await asyncio.wait(calls, timeout=wait_ms / 1000)
+    return {calls[call] for call in running}
 
 
 async def allocate(
@@ -149,6 +181,10 @@ async def release_queues(
         for task in queue.tasks:
             task.cancel()
     await asyncio.gather(*(t for q in owned for t in q.tasks), return_exceptions=True)
+    # Orderly: the batch with the listener is not cancelled with its loop; its result counts.
+    busy = await wait_for_calls(owned, ORDERLY_RELEASE_WAIT_MS) if orderly else set()
+    for queue in owned:
+        queue.released = True
     mqs = [queue.mq for queue in owned]
     if clustering:
         # 2. Commit (broadcasting offsets stay in the local file, kept for a later return).
@@ -161,5 +197,14 @@ async def release_queues(
                 offsets.remove(mq)
         # 3. Release the broker locks (orderly), now that the offsets are in.
         if orderly:
-            await api.unlock_queues(instance, group, mqs)
+            if busy:
+                logger.warning(
+                    "%s: listener still running on %s after %d ms: not unlocked (the lock "
+                    "expires on the broker)",
+                    group,
+                    ", ".join(map(str, sorted(busy))),
+                    ORDERLY_RELEASE_WAIT_MS,
+                )
+            if unlock := [mq for mq in mqs if mq not in busy]:
+                await api.unlock_queues(instance, group, unlock)
     logger.info("%s: stopped consuming %s", group, ", ".join(map(str, sorted(mqs))))

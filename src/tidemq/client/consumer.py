@@ -5,8 +5,9 @@
       the topic → allocate_averagely (rebalance.py); broadcasting: every queue
       new queue → first offset (stored offset, else the CONSUME_FROM_* rule of offset_store.py)
                 → orderly: LOCK_BATCH_MQ first → start its pull loop
-      dropped queues → all at once: stop their pull loops and listener calls, commit their
-                offsets, orderly: UNLOCK_BATCH_MQ (assignment.py: why at once)
+      dropped queues → all at once: stop their pull loops and listener calls (orderly: wait
+                for the batch with the listener), commit their offsets, orderly:
+                UNLOCK_BATCH_MQ (assignment.py: why at once)
     pull loop (one task per queue)
       wait while the queue caches ≥ pull_threshold messages (flow control)
       PULL_MESSAGE sysFlag SUSPEND|SUBSCRIPTION(|COMMIT_OFFSET): held ≤ 15 s, 30 s timeout
@@ -149,7 +150,7 @@ class PushConsumer:
         self._rebalance_wanted = asyncio.Event()
         self._rebalance_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
-        self._consuming: set[asyncio.Task[None]] = set()
+        self._consuming: set[asyncio.Task[object]] = set()
         self._retrying: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
@@ -243,8 +244,12 @@ class PushConsumer:
         if not self._started:
             self._executor.shutdown(wait=False)
             return
-        # Pull loops and orderly loops stop at once (an orderly batch cut short is re-delivered);
-        # concurrent listener calls already running finish and their offsets count.
+        # Pull loops and orderly loops stop at once; listener calls already running (concurrent
+        # batches, an orderly queue's batch) finish and their offsets count. Orderly queues are
+        # dropped first, so no new batch starts.
+        if self.orderly:
+            for state in self._queues.values():
+                state.pq.drop()
         loops = [*self._tasks, *(t for s in self._queues.values() for t in s.tasks)]
         for task in [*loops, *self._retrying]:
             task.cancel()
@@ -255,7 +260,8 @@ class PushConsumer:
             state.pq.drop()
         await self._persist(all_queues=True)
         if self.orderly and self.clustering:
-            await self._unlock(list(self._queues))
+            # A queue whose listener call still runs keeps its lock until it expires.
+            await self._unlock([mq for mq, s in self._queues.items() if not s.in_call])
         self._queues.clear()
         await self._instance.unregister_consumer(self._group)
         await self._instance.shutdown()
@@ -413,6 +419,7 @@ class PushConsumer:
                 logger.warning(
                     "%s: offset of %s illegal, moving to %d", self._group, mq, state.next_offset
                 )
+                pq.moved_to(state.next_offset)
                 self._offsets.update(mq, state.next_offset, increase_only=False)
                 continue
             added = pq.put(result.messages)
@@ -494,18 +501,36 @@ class PushConsumer:
             if not self._lock_trusted(pq):
                 await asyncio.sleep(self.suspend_current_queue_ms / 1000)
                 continue
+            # The batch runs as its own task, shielded: giving the queue up (or shutdown)
+            # cancels this loop but never cuts a listener call short (a thread cannot be), and
+            # waits for it before releasing the broker lock (assignment.py), so the next owner
+            # never consumes the queue alongside it.
+            call = asyncio.ensure_future(self._consume_orderly(state))
+            state.call = call
+            self._consuming.add(call)
+            call.add_done_callback(self._consuming.discard)
+            if not await asyncio.shield(call):
+                await asyncio.sleep(self.suspend_current_queue_ms / 1000)
+
+    async def _consume_orderly(self, state: OwnedQueue) -> bool:
+        """One orderly batch: the listener, then commit or put back; False: retry later."""
+        pq = state.pq
+        async with self._semaphore:
+            if pq.dropped or not pq.has_pending:
+                return True
             batch = pq.take(self.consume_batch_max)
-            async with self._semaphore:
-                ok = await self._call_listener(batch)
-            if not ok and all(m.reconsume_times >= self.max_reconsume_times for m in batch):
-                ok = await self._to_dead_letter(batch)
-            if ok:
-                self._offsets.update(state.mq, pq.commit_taken())
-                continue
-            pq.return_taken(
-                dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in batch
-            )
-            await asyncio.sleep(self.suspend_current_queue_ms / 1000)
+            ok = await self._call_listener(batch)
+        if not ok and all(m.reconsume_times >= self.max_reconsume_times for m in batch):
+            ok = await self._to_dead_letter(batch)
+        if ok:
+            offset = pq.commit_taken()
+            if not state.released:
+                self._offsets.update(state.mq, offset)
+            return True
+        pq.return_taken(
+            dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in batch
+        )
+        return False
 
     async def _to_dead_letter(self, batch: list[MessageExt]) -> bool:
         try:

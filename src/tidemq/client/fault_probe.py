@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from tidemq.clock import Clock
-from tidemq.errors import BrokerError, ClientError
+from tidemq.errors import QueueError
 
 from .fault import PROBE_TIMEOUT_MS, FaultTracker
 
@@ -65,7 +65,9 @@ class BrokerProber:
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_MS / 1000):
                 await self._probe(broker_name, PROBE_TIMEOUT_MS)
-        except (ClientError, BrokerError, TimeoutError) as exc:
+        except (QueueError, TimeoutError) as exc:
+            # Any refusal or transport failure (a malformed answer included) is a failed probe;
+            # the loop must outlive it, or a failed broker would never be readmitted.
             logger.debug("probe of broker %s: %s", broker_name, exc)
             return
         finished = self._clock.monotonic_ms()

@@ -13,7 +13,8 @@ has just restarted may not know a topic the others know. The instance starts at 
 server of the list (as the Java client does: clients spread over them) and stays with the one
 that answered; a request goes to the next one when the current one fails, or, for a route, when
 it answers TOPIC_NOT_EXIST (the caller's `ask_next`). Only when every name server says so is
-the topic unknown.
+the topic unknown; one that failed in the last NAMESRV_FAILURE_MEMORY_MS is not asked for such a
+second opinion (a hung one would cost a timeout on every lookup of an unknown topic).
 
 Brokers learn of a client only from its heartbeat, and a broker that restarted has forgotten it;
 until it hears again it sends the group's transaction check-backs to nobody and leaves the client
@@ -93,6 +94,14 @@ REHEARTBEAT_DELAY_MS_MAX: Final = 1_000
 # A broker answering again registers with the name servers right after it starts listening; the
 # route refresh that brings it back into the routes waits this long so as not to precede that.
 REJOIN_ROUTE_REFRESH_DELAY_MS: Final = 500
+
+# A name server that failed (no answer) is not asked for a second opinion, after another one
+# answered without what was asked (ask_next), for this long after its failure: a hung one would
+# otherwise cost a request timeout on every lookup of a topic nobody knows (a consumer's retry
+# topic every rebalance round; a new producer's first send, whose whole send timeout it used).
+# As long as the route refresh period, so a hung one costs at most one timeout per period; a
+# name server that restarted (answers, but lacks routes) is not affected by it.
+NAMESRV_FAILURE_MEMORY_MS: Final = ROUTE_REFRESH_INTERVAL_MS
 
 AskNext = Callable[[RemotingCommand], bool]
 
@@ -175,6 +184,8 @@ class ClientInstance:
         self._watched: dict[str, Connection] = {}
         self._reheartbeats: set[str] = set()
         self._rejoin_refresh_pending = False
+        # Name server address → monotonic ms of its last failure (NAMESRV_FAILURE_MEMORY_MS).
+        self._namesrv_failed_at: dict[str, float] = {}
         self._producers: dict[str, ProducerMember] = {}
         self._consumers: dict[str, ConsumerMember] = {}
         self._extra_topics: set[str] = set()
@@ -284,14 +295,23 @@ class ClientInstance:
         for step in range(count):
             index = (self._namesrv_index + step) % count
             addr = self.namesrv_addrs[index]
+            failed_at = self._namesrv_failed_at.get(addr)
+            if (
+                lacking is not None
+                and failed_at is not None
+                and self.clock.monotonic_ms() - failed_at < NAMESRV_FAILURE_MEMORY_MS
+            ):
+                continue  # a second opinion is not worth a likely timeout
             try:
                 response = await self.remoting.invoke(addr, _copy(cmd), timeout_ms)
             except ClientClosedError:
                 raise
             except ClientError as exc:
                 logger.warning("%s: name server %s failed: %s", self.client_id, addr, exc)
+                self._namesrv_failed_at[addr] = self.clock.monotonic_ms()
                 last_error = exc
                 continue
+            self._namesrv_failed_at.pop(addr, None)
             if ask_next is not None and ask_next(response):
                 lacking = lacking or response
                 continue
@@ -325,6 +345,11 @@ class ClientInstance:
         return route
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        if self._closed:
+            # After shutdown nothing would cancel or await it (a route fetched, a probe answered
+            # by a send or probe still in flight).
+            coro.close()
+            return
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -69,6 +69,13 @@ class ProcessQueue:
         """A pull's messages were put: everything below `next_begin_offset` is here or done."""
         self._pulled_to = max(self._pulled_to, next_begin_offset)
 
+    def moved_to(self, offset: int) -> None:
+        """The broker moved the queue's offset to `offset` (OFFSET_ILLEGAL), maybe backwards (the
+        queue started again from 0): how far earlier pulls reached no longer says what is done,
+        so neither mark may lift the committed offset above `offset`."""
+        self._pulled_to = offset
+        self._max_offset_seen = min(self._max_offset_seen, offset - 1)
+
     def remove(self, messages: Iterable[MessageExt]) -> int:
         """Mark messages done; returns the offset to commit (-1 if nothing was ever added)."""
         for message in messages:
