@@ -142,8 +142,7 @@ async def test_a_peer_repeating_bad_sends_gets_a_few_short_log_lines(
     each clipped: 50 sends with a 100 KB illegal topic name must not write 50 times 100 KB."""
     import logging
 
-    from tidemq.remoting.connection import PEER_ERROR_LOG_CHARS_MAX
-    from tidemq.remoting.log_limit import LOG_LINES_PER_WINDOW_MAX
+    from tidemq.remoting.log_limit import LOG_LINES_PER_WINDOW_MAX, PEER_ERROR_LOG_CHARS_MAX
 
     caplog.set_level(logging.INFO, logger="tidemq")
     huge = "t/" + "x" * 100_000

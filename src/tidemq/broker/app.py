@@ -54,6 +54,7 @@ from tidemq.remoting.client import RemotingClient
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.remoting.server import RemotingServer
 from tidemq.store.config import CorruptPolicy, FlushDiskType, StoreConfig
+from tidemq.store.dispatch_retry import DISPATCH_RETRY_INTERVAL_MS_MIN
 from tidemq.store.message_store import DiskUsageProbe, FileMessageStore
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,11 @@ class BrokerApp:
             ),
             PeriodicService("client-expiry", CLIENT_SCAN_INTERVAL_MS, self._expire_clients),
             PeriodicService("file-cleanup", config.cleanup_interval_ms, self._clean_files),
+            # After a failed dispatch (a full disk), re-dispatch once space is back; the store
+            # keeps the backoff, so a tick with nothing due costs one comparison.
+            PeriodicService(
+                "dispatch-retry", DISPATCH_RETRY_INTERVAL_MS_MIN, self.store.retry_dispatch
+            ),
             PeriodicService(
                 "delay-offset-persist",
                 config.consumer_offset_persist_interval_ms,
@@ -275,6 +281,7 @@ class BrokerApp:
             flush,
             self.transactions,
             self.delays,
+            clock=self.clock,
         ).register(table)
         SendBackHandler(
             self.config,

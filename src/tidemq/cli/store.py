@@ -1,7 +1,8 @@
 """Offline store tools: `tidemq store verify DIR` and `tidemq store dump DIR`.
 
 They read the same record code as the broker (protocol/record.py through store/tools.py) and never
-write, so they are safe on a live or a crashed store directory.
+write, so they are safe on a live or a crashed store directory. On a live one they say so first:
+its tail moves while they read, and its `abort` marker means "running", not "crashed".
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tidemq.store import tools
+from tidemq.store.lock import holder_pid
 
 
 def add_parsers(verbs: Any) -> None:
@@ -26,13 +28,27 @@ def add_parsers(verbs: Any) -> None:
     dump.set_defaults(run=run_dump)
 
 
+def _live_line(directory: Path, pid: int | None) -> str | None:
+    if pid is None:
+        return None
+    return (
+        f"note: a live broker (pid {pid or 'unknown'}) holds {directory}; reading it read-only, "
+        "its tail may move meanwhile"
+    )
+
+
 def run_verify(args: argparse.Namespace) -> int:
     report = tools.verify(args.dir)
+    live = _live_line(args.dir, report.live_pid)
+    if live is not None:
+        print(live)
+        state = "running"
+    else:
+        state = "clean stop" if report.clean_stop else "not stopped cleanly"
     print(
         f"{report.records} records in {report.segments} segment(s), "
         f"offsets [{report.first_offset}, {report.end_offset}); "
-        f"{report.consume_queues} consume queue(s); "
-        f"{'clean stop' if report.clean_stop else 'not stopped cleanly'}"
+        f"{report.consume_queues} consume queue(s); {state}"
     )
     for problem in report.problems:
         print(f"problem: {problem}")
@@ -41,5 +57,8 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_dump(args: argparse.Namespace) -> int:
+    live = _live_line(args.dir, holder_pid(args.dir))
+    if live is not None:
+        print(f"# {live}")
     tools.dump(args.dir, sys.stdout, max_records=args.limit)
     return 0

@@ -54,7 +54,7 @@ from tidemq.remoting.address import socket_address
 from tidemq.remoting.eager import resume
 from tidemq.remoting.handlers import HandlerTable, RequestHook, ResponseWaiter
 from tidemq.remoting.inbound import FrameBudget, InboundFrames
-from tidemq.remoting.log_limit import LogLimit
+from tidemq.remoting.log_limit import LogLimit, clip_peer_text
 from tidemq.remoting.pending import PendingRequests
 
 logger = logging.getLogger(__name__)
@@ -73,9 +73,6 @@ WRITE_BUFFER_BYTES_MAX: Final = 8 * 1024 * 1024
 # -> 81-91k once bodies count, unchanged while only requests counted.
 TURN_BUDGET: Final = 16
 _BODY_UNIT_SHIFT: Final = 11  # a request costs one more per 2 KiB of its body
-# Characters of a peer's ProtocolError text that reach the log: the text may quote what the peer
-# sent (a 100 KB header field made a 150 KB line), and the line only has to say what was wrong.
-PEER_ERROR_LOG_CHARS_MAX: Final = 300
 
 ConnectionCallback = Callable[["Connection"], None]
 
@@ -591,11 +588,3 @@ class Connection(asyncio.Protocol):
             self._peer_errors = LogLimit(logger, self._clock)
         self._peer_errors.log(level, message, *args)
 
-
-def clip_peer_text(text: object) -> str:
-    """`text` for a log line, cut to PEER_ERROR_LOG_CHARS_MAX: an error's text can quote what
-    the peer sent (a 100 KB field made a 150 KB line)."""
-    text = str(text)
-    if len(text) > PEER_ERROR_LOG_CHARS_MAX:
-        return f"{text[:PEER_ERROR_LOG_CHARS_MAX]}... ({len(text)} characters)"
-    return text

@@ -20,6 +20,18 @@ from tidemq.clock import Clock
 LOG_LINES_PER_WINDOW_MAX: Final = 3
 # The window; a peer that keeps failing is reported again, with the count left out, this often.
 LOG_WINDOW_MS: Final = 10_000
+# Characters of a peer-supplied text (an error that quotes a field, a refusal's remark) that reach
+# the log: a 100 KB header field once made a 150 KB line, and the line only has to say what was
+# wrong.
+PEER_ERROR_LOG_CHARS_MAX: Final = 300
+
+
+def clip_peer_text(text: object) -> str:
+    """`text` for a log line, cut to PEER_ERROR_LOG_CHARS_MAX characters."""
+    text = str(text)
+    if len(text) > PEER_ERROR_LOG_CHARS_MAX:
+        return f"{text[:PEER_ERROR_LOG_CHARS_MAX]}... ({len(text)} characters)"
+    return text
 
 
 class LogLimit:

@@ -126,8 +126,9 @@ class Appender:
         self.dispatched = 0
         # Why appending stopped: a run was written to the log but its consume-queue or index
         # entries were not (e.g. ENOSPC creating a file). Queue offsets after it would collide
-        # with the ones the written records carry, so the store takes no more writes until a
-        # restart, whose recovery dispatches those records.
+        # with the ones the written records carry, so the store takes no more writes until it
+        # has dispatched those records (FileMessageStore.retry_dispatch, with backoff; or
+        # recovery at the next start).
         self.broken: str | None = None
 
     def append(self, prepared: Sequence[put.Prepared], results: list[PutResult]) -> None:
@@ -171,7 +172,7 @@ class Appender:
                         if msg.topic != topic or entries is None:
                             found = wanted.get(msg.topic)
                             if found is None:
-                                found = wanted[msg.topic] = _wanting(listeners, msg.topic)
+                                found = wanted[msg.topic] = wanting(listeners, msg.topic)
                             targets = found
                         topic, queue_id = msg.topic, msg.queue_id
                         key = (topic, queue_id)
@@ -226,7 +227,7 @@ class Appender:
                 # and nothing more is written until then.
                 self.broken = (
                     f"dispatch failed after commit-log offset {self.dispatched} ({exc}); "
-                    "restart the broker to re-dispatch"
+                    "writes resume once it is re-dispatched"
                 )
                 results += run
                 raise DispatchFailed(self.broken) from exc
@@ -244,7 +245,7 @@ class DispatchFailed(OSError):
     """A run was written to the commit log but not dispatched; see `Appender.broken`."""
 
 
-def _wanting(listeners: Listeners, topic: str) -> list[DispatchListener]:
+def wanting(listeners: Listeners, topic: str) -> list[DispatchListener]:
     """The listeners whose filter wants `topic` (a failing filter counts as wanting it)."""
     found: list[DispatchListener] = []
     for listener, wants in listeners:

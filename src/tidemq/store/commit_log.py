@@ -170,7 +170,7 @@ class LogScanner:
             return
         offset = max(self.start, files[0].start_offset)
         for index, mf in enumerate(files):
-            if mf.start_offset != offset:
+            if not mf.start_offset <= offset < mf.end_offset:  # a mid-segment start is fine
                 self._stop(offset, f"segment {mf.path.name} does not start at {offset}")
                 return
             pos = offset - mf.start_offset

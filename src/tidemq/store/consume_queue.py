@@ -109,14 +109,21 @@ class ConsumeQueue:
 
     @staticmethod
     def _first_unused(mf: MappedFile, start: int) -> int:
-        view = memoryview(mf.mm)[start * _ENTRY :]
+        """The first zero entry at or after `start`. Only the part of the file the filesystem
+        may hold data in is read (MappedFile.written_ranges): past it every entry is zero, so a
+        restart costs the entries written, not the file size, per queue."""
+        ranges = mf.written_ranges(start * _ENTRY)
+        if not ranges:
+            return start
+        stop = min(mf.size, -(-ranges[-1][1] // _ENTRY) * _ENTRY)
+        view = memoryview(mf.mm)[start * _ENTRY : stop]
         try:
             for n, (_phys, size, _tags) in enumerate(CONSUME_QUEUE_ENTRY.iter_unpack(view)):
                 if size == 0:
                     return start + n
         finally:
             view.release()
-        return mf.size // _ENTRY
+        return stop // _ENTRY
 
     # --- offsets ------------------------------------------------------------------------------
 

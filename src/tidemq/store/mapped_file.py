@@ -38,14 +38,27 @@ reads one back through the map and through read()). We release only flushed rang
 nothing then depends on that kernel detail, and a flushed page is clean, so dropping it costs no
 writeback. Private or anonymous mappings would lose data this way; ours are all MAP_SHARED.
 Where MADV_DONTNEED is missing (not Linux), `release` does nothing.
+
+Past the end. A segment is preallocated, so its bytes past the last record are zeros unless
+something wrote there: a torn tail left by a crash. Recovery must find and zero such bytes (a
+later scan would otherwise read them as records) but must not read the whole rest of a 1 GiB
+segment to do so: that costs seconds and pages the segment into the page cache and, through
+the mapping, into RSS. `written_ranges` asks the filesystem where data may lie (SEEK_DATA /
+SEEK_HOLE): a hole reads as zeros by definition, and preallocated-but-unwritten extents are
+reported as holes by ext4, xfs and btrfs unless cached pages cover them, so only what was
+written (plus what is cached) is read. A filesystem that cannot tell reports everything as
+data: the check is then as complete as before, only slower. The tail is read with pread, not
+through the mapping, and given back to the kernel afterwards, so it never joins the RSS.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
 import threading
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -61,6 +74,34 @@ _FAULT_AROUND_BYTES: Final = 64 * 1024
 # madvise needs a page-aligned start; our offsets are relative to the page-aligned mapping.
 assert _FAULT_AROUND_BYTES % _PAGE == 0
 _MADV_DONTNEED: Final[int | None] = getattr(mmap, "MADV_DONTNEED", None)
+_SEEK_DATA: Final[int | None] = getattr(os, "SEEK_DATA", None)
+_SEEK_HOLE: Final[int | None] = getattr(os, "SEEK_HOLE", None)
+# The tail past the end is checked for non-zero bytes this many bytes per pread: large enough
+# for few system calls, small enough not to hold much memory.
+_ZERO_CHECK_CHUNK_BYTES: Final = 1 << 20
+_ZEROS: Final = bytes(_ZERO_CHECK_CHUNK_BYTES)
+
+
+def data_ranges(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The ranges of [start, end) of `fd`'s file that may hold data: everything else is a hole
+    and reads as zeros. Conservative: without SEEK_DATA support, the whole range."""
+    if _SEEK_DATA is None or _SEEK_HOLE is None:  # pragma: no cover - not Linux
+        yield start, end
+        return
+    pos = start
+    while pos < end:
+        try:
+            data = os.lseek(fd, pos, _SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                return  # only holes from `pos` to the end of the file
+            yield pos, end  # the filesystem cannot tell
+            return
+        if data >= end:
+            return
+        hole = min(os.lseek(fd, data, _SEEK_HOLE), end)
+        yield data, hole
+        pos = hole
 
 
 def segment_name(start_offset: int) -> str:
@@ -146,18 +187,60 @@ class MappedFile:
     def read(self, pos: int, length: int) -> bytes:
         return self.mm[pos : pos + length]
 
+    def written_ranges(self, pos: int) -> list[tuple[int, int]]:
+        """The ranges of [pos, size) that may hold non-zero bytes (module docstring)."""
+        return list(data_ranges(self._fd, pos, self.size))
+
+    def nonzero_chunks(self, pos: int) -> Generator[tuple[int, int], None, None]:
+        """(position, length) of each chunk of [pos, size) holding a non-zero byte, read with
+        pread over `written_ranges` only: the cost is what was written, not the segment size."""
+        advise = hasattr(os, "posix_fadvise")
+        if advise:
+            # No readahead past what we ask: it would only make more of the tail look written.
+            # The mode belongs to the open file, which the mapping shares: reset it after.
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        try:
+            for start, end in self.written_ranges(pos):
+                at = start
+                while at < end:
+                    n = min(_ZERO_CHECK_CHUNK_BYTES, end - at)
+                    data = os.pread(self._fd, n, at)
+                    if data != (_ZEROS if n == _ZERO_CHECK_CHUNK_BYTES else bytes(n)):
+                        yield at, n
+                    at += n
+        finally:
+            if advise and self._fd >= 0:
+                os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_NORMAL)
+
     def zero_from(self, pos: int) -> None:
-        """Zero [pos, size) and set wrote = pos (truncation)."""
-        chunk = 1 << 20
-        at = pos
-        while at < self.size:
-            n = min(chunk, self.size - at)
-            if any(self.mm[at : at + n]):
-                self.mm[at : at + n] = bytes(n)
-            at += n
+        """Zero [pos, size) and set wrote = pos (truncation).
+
+        Reads only `written_ranges` (module docstring), zeroes the chunks that are not zero
+        already and makes those zeros durable, so the old bytes cannot come back after a power
+        loss once new records are written before them. Then drops the tail's whole pages from
+        this mapping and from the page cache: nothing should keep them resident, and cached
+        pages would make the tail look written to the next `written_ranges`.
+        """
+        dirty = False
+        for at, n in list(self.nonzero_chunks(pos)):
+            self.mm[at : at + n] = bytes(n)
+            dirty = True
+        if dirty and not self.read_only:
+            os.fdatasync(self._fd)
+        self._drop_tail(pos)
         self.wrote = pos
         self.flushed = min(self.flushed, pos)
         self.released = min(self.released, pos - pos % _PAGE)
+
+    def _drop_tail(self, pos: int) -> None:
+        """Forget the clean pages wholly at or past `pos` (nothing is there but zeros)."""
+        start = -(-pos // _PAGE) * _PAGE
+        if start >= self.size:
+            return
+        if _MADV_DONTNEED is not None and not self.mm.closed:
+            self.mm.madvise(_MADV_DONTNEED, start, self.size - start)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._fd, start, self.size - start, os.POSIX_FADV_DONTNEED)
 
     def flush(self) -> int:
         """Make the bytes written since the last flush durable; returns the flushed position."""

@@ -3,8 +3,12 @@
     <root_dir>/
       commitlog/<20-digit start offset>            records (commit_log.py)
       consumequeue/<topic>/<queueId>/<20 digits>   20-byte entries (consume_queue.py)
+      consumequeue/.queues                         "topic/queueId" lines: the queues that
+                                                   exist (queue_manifest.py)
       index/<20 digits>                            key hash files (index.py)
       checkpoint                                   flushed offsets (checkpoint.py)
+      lock                                         flock'd by the live store, holds its pid
+                                                   (lock.py: one broker per store)
       abort                                        exists while running: its presence at start
                                                    means the last stop was not clean
 
@@ -28,17 +32,19 @@ from pathlib import Path
 from typing import Final
 
 from tidemq.clock import Clock
-from tidemq.errors import CorruptRecordError
+from tidemq.errors import CorruptRecordError, StoreError
 from tidemq.limits import PULL_BYTES_MAX, PULL_MESSAGE_COUNT_MAX
 from tidemq.protocol import message as props
 from tidemq.protocol import record as rec
-from tidemq.store import append, put
+from tidemq.store import append, put, queue_manifest
 from tidemq.store import dispatch as dsp
 from tidemq.store.checkpoint import Checkpoint, CheckpointFile, read_checkpoint
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import StoreConfig
 from tidemq.store.consume_queue import ConsumeQueue, PutAt
+from tidemq.store.dispatch_retry import DispatchRetry, notify_listeners, redispatch_from
 from tidemq.store.index import IndexService
+from tidemq.store.lock import StoreLock
 from tidemq.store.recovery import NeedFullRebuild, RecoveryReport, recover
 from tidemq.store.types import (
     DispatchEvent,
@@ -106,6 +112,8 @@ class FileMessageStore:
         # Guards the consume-queue table against the flush thread iterating it.
         self._table_lock = threading.Lock()
         self.last_recovery: RecoveryReport | None = None
+        self._lock: StoreLock | None = None
+        self._retry = DispatchRetry()  # after a failed dispatch (dispatch_retry.py)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -114,9 +122,25 @@ class FileMessageStore:
         return self.config.root_dir / "abort"
 
     def start(self) -> None:
+        """Lock the store, recover it and open it for writing.
+
+        Raises:
+            StoreLockedError: another live store holds the directory; nothing was read or
+                changed (the lock is the first thing taken).
+            StoreError: recovery refused a corrupt log (see recovery.py).
+        """
         assert not self._running
         root = self.config.root_dir
         root.mkdir(parents=True, exist_ok=True)
+        self._lock = StoreLock(root)
+        try:
+            self._start_locked(root)
+        except BaseException:
+            self._lock.release()
+            self._lock = None
+            raise
+
+    def _start_locked(self, root: Path) -> None:
         clean_stop = not self._abort_path.exists()
         checkpoint = read_checkpoint(root / "checkpoint")
         self._log.load()
@@ -124,6 +148,7 @@ class FileMessageStore:
         self._load_queues()
         index_ok = self._index.load()
         full = checkpoint is None or cq_dir_lost or not index_ok
+        exact = queue_manifest.complete(self._cq_root, self._queues.keys())
         if cq_dir_lost:
             logger.warning("consumequeue directory missing: rebuilding it from the commit log")
         while True:
@@ -138,6 +163,7 @@ class FileMessageStore:
                     dispatch=self._redispatch,
                     queues=lambda: list(self._queues.values()),
                     corrupt_policy=self.config.corrupt_policy,
+                    exact_start=exact,
                 )
                 break
             except NeedFullRebuild as exc:
@@ -146,6 +172,7 @@ class FileMessageStore:
                 if exc.started_queue is not None:
                     self._queues.pop(exc.started_queue).destroy()
         self._appender.dispatched = self._log.max_offset
+        queue_manifest.write(self._cq_root, self._queues.keys())
         self._checkpoint = CheckpointFile(root / "checkpoint")
         self._running = True
         self.flush()
@@ -163,7 +190,11 @@ class FileMessageStore:
             self._log.close()
             if self._checkpoint is not None:
                 self._checkpoint.close()
+            queue_manifest.write(self._cq_root, self._queues.keys())
         self._abort_path.unlink(missing_ok=True)
+        if self._lock is not None:
+            self._lock.release()  # last: the files are closed and the stop is recorded
+            self._lock = None
 
     def _load_queues(self) -> None:
         if not self._cq_root.is_dir():
@@ -187,6 +218,8 @@ class FileMessageStore:
             cq = self._new_queue(topic, queue_id)
             with self._table_lock:
                 self._queues[(topic, queue_id)] = cq
+            if self._running:  # recovery's new queues are named once, at the end of start
+                queue_manifest.write(self._cq_root, self._queues.keys())
         return cq
 
     # --- dispatch -----------------------------------------------------------------------------
@@ -256,8 +289,10 @@ class FileMessageStore:
     def _check_writable(self) -> PutResult | None:
         if not self._running:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error="store is not running")
-        if self._appender.broken is not None:
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=self._appender.broken)
+        if self._appender.broken is not None and not self.retry_dispatch():
+            wait_ms = max(0.0, self._retry.due_ms - self.clock.monotonic_ms())
+            error = f"{self._appender.broken}; next try in {wait_ms:.0f} ms"
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=error)
         ratio = self.disk_usage_ratio_percent()
         limit = self.config.disk_max_used_space_ratio_percent
         if ratio > limit:
@@ -282,11 +317,48 @@ class FileMessageStore:
             )
             if isinstance(exc, append.DispatchFailed):
                 logger.exception("commit-log append stopped: %s", exc)
+                self._retry.start(self.clock.monotonic_ms())
             else:
                 logger.exception("commit-log append failed")
             failed = PutResult(status, error=f"append failed: {exc}")
             results.extend([failed] * (len(prepared) - len(results)))
         return results
+
+    def retry_dispatch(self) -> bool:
+        """Re-dispatch what a failed dispatch left undispatched, if a retry is due (backoff:
+        store/dispatch_retry.py); True when nothing is left (writes are accepted again).
+
+        Called by the single writer: each refused put, and the broker's periodic tick.
+        """
+        broken = self._appender.broken
+        if broken is None:
+            return True
+        now = self.clock.monotonic_ms()
+        if not self._running or not self._retry.is_due(now):
+            return False
+        start = self._appender.dispatched
+        try:
+            scanned = redispatch_from(self._log, start, lambda m: self._redispatch(m, True))
+        except (OSError, StoreError) as exc:
+            self._retry.failed(now)
+            logger.warning(
+                "re-dispatch from commit-log offset %d failed (%s); next try in %.0f ms",
+                start,
+                exc,
+                self._retry.interval_ms,
+            )
+            return False
+        self._appender.broken = None
+        self._appender.dispatched = self._log.max_offset
+        logger.warning(
+            "re-dispatched %d records from commit-log offset %d after %d failed retries; "
+            "writes resume",
+            len(scanned),
+            start,
+            self._retry.attempts,
+        )
+        notify_listeners(self._listeners, scanned)
+        return True
 
     # --- get ----------------------------------------------------------------------------------
 
@@ -441,6 +513,7 @@ class FileMessageStore:
             for key in [k for k in self._queues if k[0] == topic]:
                 self._queues.pop(key).destroy()
         shutil.rmtree(self._cq_root / topic, ignore_errors=True)
+        queue_manifest.write(self._cq_root, self._queues.keys())
 
     # --- durability ---------------------------------------------------------------------------
 

@@ -3,13 +3,17 @@
 The commit log is the only source of truth; consume queues and the index are derived from it
 and can always be rebuilt. At start:
 
-1. Choose where to scan from. With a valid checkpoint and consume-queue directory: the start of
-   the segment holding `logic_flushed` (everything before it is known dispatched and flushed).
+1. Choose where to scan from. With a valid checkpoint and every consume queue still there:
+   `logic_flushed` itself (everything before it is known dispatched and flushed), so a
+   restart costs the records after the checkpoint (`scan_start`). With a queue missing: the
+   start of the segment holding `logic_flushed`.
    Otherwise (no/damaged checkpoint, lost consume queues, damaged index): the first segment,
    and the index is rebuilt from nothing.
 2. Scan forward (`LogScanner`), checking every record's whole-record CRC, and stop at the
-   first bad or missing one. That offset is the end of the log. After a clean stop the scan
-   covers only the last segment; it is the same code, so the tail is validated either way.
+   first bad or missing one. That offset is the end of the log. It is the same code after a
+   clean stop and a crash, so the tail is validated either way. The zeros after the end are
+   not read: the filesystem says where data may lie (mapped_file.py, "Past the end"), so a
+   restart costs the records it scans, not the segment size.
 3. Re-dispatch each scanned record. Consume-queue entries are written at the record's own queue
    offset, so records already dispatched are left as they are. A record whose queue offset lies
    past the end of its consume queue means entries before the checkpoint were lost: the
@@ -74,13 +78,30 @@ class NeedFullRebuild(Exception):
         self.started_queue = started_queue
 
 
-def scan_start(log: CommitLog, checkpoint: Checkpoint | None, full: bool) -> int:
+def scan_start(log: CommitLog, checkpoint: Checkpoint | None, full: bool, exact: bool) -> int:
+    """Where the scan begins.
+
+    `exact` (every consume queue the store had is still there, queue_manifest.py): the
+    checkpoint's `logic_flushed` itself, a record boundary (the end of a written run) below
+    which every record is durable (synced before the checkpoint was written) and dispatched,
+    so a restart costs the records written after the checkpoint (none after a clean stop), not
+    the records of the segment holding it. A crash or a power loss cannot have touched them.
+
+    Otherwise the start of the segment holding `logic_flushed` (or the first segment):
+    re-dispatching the whole segment is what notices a lost queue (its records come back as
+    STARTED). Records below the scan are CRC-checked when read, and by `tidemq store verify`.
+    """
     files = log.files.files
     if full or checkpoint is None or not files:
         return log.min_offset
+    logic = checkpoint.logic_flushed_offset
+    if exact and logic == files[-1].end_offset:
+        return logic
     start = files[0].start_offset
     for mf in files:
-        if mf.start_offset <= checkpoint.logic_flushed_offset:
+        if exact and mf.start_offset <= logic < mf.end_offset:
+            return logic
+        if mf.start_offset <= logic:
             start = mf.start_offset
     return start
 
@@ -91,19 +112,22 @@ _MAGIC_BYTES = struct.pack(">I", rec.MAGIC_RECORD)
 def recover_find_valid_record(mf: MappedFile, pos_from: int) -> int | None:
     """Position of the first valid record (magic, CRC, own offset) at or after `pos_from`.
 
-    Searches for the magic with mmap.find, so even a 1 GiB segment costs one pass in C.
+    Searches for the magic with mmap.find, and only in the ranges the filesystem may hold data
+    in (`MappedFile.written_ranges`: holes read as zeros and hold no record), so the cost is
+    what was written past `pos_from`, not the rest of a 1 GiB segment.
     """
-    magic_at = mf.mm.find(_MAGIC_BYTES, pos_from + 4)
-    while magic_at >= 0:
-        pos = magic_at - 4
-        try:
-            message = rec.decode_record(mf.mm, pos, require_crc=True)
-        except CorruptRecordError:
-            pass
-        else:
-            if message.physical_offset == mf.start_offset + pos:
-                return pos
-        magic_at = mf.mm.find(_MAGIC_BYTES, magic_at + 1)
+    for start, end in mf.written_ranges(pos_from):
+        magic_at = mf.mm.find(_MAGIC_BYTES, start + 4, end)
+        while magic_at >= 0:
+            pos = magic_at - 4
+            try:
+                message = rec.decode_record(mf.mm, pos, require_crc=True)
+            except CorruptRecordError:
+                pass
+            else:
+                if message.physical_offset == mf.start_offset + pos:
+                    return pos
+            magic_at = mf.mm.find(_MAGIC_BYTES, magic_at + 1, end)
     return None
 
 
@@ -164,13 +188,15 @@ def recover(
     dispatch: Callable[[StoredMessage, bool], PutAt | None],
     queues: Callable[[], list[ConsumeQueue]],
     corrupt_policy: CorruptPolicy = CorruptPolicy.REFUSE,
+    exact_start: bool = False,
 ) -> RecoveryReport:
-    """Run steps 2-5 above. `dispatch(message, index_it)` re-dispatches one record.
+    """Run steps 1-5 above. `dispatch(message, index_it)` re-dispatches one record;
+    `exact_start`: scan from the checkpoint itself (`scan_start`).
 
     Raises:
         StoreError: the log is corrupt other than at a torn tail and the policy is REFUSE.
     """
-    start = scan_start(log, checkpoint, full)
+    start = scan_start(log, checkpoint, full, exact_start)
     index_from = 0 if full or checkpoint is None else checkpoint.logic_flushed_offset
     scanner = LogScanner(log, start)
     scanned = 0

@@ -1,8 +1,9 @@
 """Read-only operator tools over a store directory: `verify` and `dump`.
 
 Both map the files read-only and decode with `protocol.record`, the same code the store uses,
-so what they report is what recovery would do. Neither writes or opens the store for writing;
-they can run next to a live broker (they then see a moving tail).
+so what they report is what recovery would do. Neither writes or opens the store for writing,
+nor takes its lock (store/lock.py): they can run next to a live broker, and say so
+(`live_pid`), because they then see a moving tail and its `abort` marker.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tidemq.protocol import record as rec
 from tidemq.store.checkpoint import Checkpoint, read_checkpoint
 from tidemq.store.commit_log import CommitLog, LogScanner
 from tidemq.store.consume_queue import ConsumeQueue
+from tidemq.store.lock import holder_pid
 from tidemq.store.mapped_file import SEGMENT_NAME_DIGITS
 
 
@@ -32,6 +34,8 @@ class VerifyReport:
     clean_stop: bool = True
     checkpoint: Checkpoint | None = None
     consume_queues: int = 0
+    # The pid of a live broker holding the store's lock (0: pid not written yet), else None.
+    live_pid: int | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -51,7 +55,7 @@ def _segment_size(directory: Path) -> int | None:
 def verify(root_dir: Path) -> VerifyReport:
     """Check every commit-log record's CRC and every consume-queue entry against the log."""
     root = Path(root_dir)
-    report = VerifyReport(clean_stop=not (root / "abort").exists())
+    report = VerifyReport(clean_stop=not (root / "abort").exists(), live_pid=holder_pid(root))
     report.checkpoint = read_checkpoint(root / "checkpoint")
     size = _segment_size(root / "commitlog")
     if size is None:
@@ -67,7 +71,10 @@ def verify(root_dir: Path) -> VerifyReport:
         report.stop_reason = scanner.stop_reason
         holder = log.files.find_file(report.end_offset)
         if holder is not None:
-            report.trailing_garbage = any(holder.mm[report.end_offset - holder.start_offset :])
+            # Only what the filesystem may hold data in is read (MappedFile.nonzero_chunks).
+            chunks = holder.nonzero_chunks(report.end_offset - holder.start_offset)
+            report.trailing_garbage = next(chunks, None) is not None
+            chunks.close()  # now, while the file is open (it resets the readahead mode)
         report.later_segments = sum(
             1 for mf in log.files.files if mf.start_offset > report.end_offset
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -38,6 +39,10 @@ class FakeProducer:
         self.closed = False
         self.sent: list[RemotingCommand] = []
         self.peer_text = name
+
+    def log_peer_error(self, message: str, *args: object, level: int = logging.WARNING) -> None:
+        """As Connection.log_peer_error, without its rate limit: handlers log refusals here."""
+        logging.getLogger("tidemq.tests.fake_producer").log(level, message, *args)
 
     async def oneway(self, cmd: RemotingCommand) -> None:
         if self.broken:

@@ -16,8 +16,9 @@ from typing import Final
 from tidemq.errors import ProtocolError
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.remoting.connection import Connection, clip_peer_text
+from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import Handler
+from tidemq.remoting.log_limit import clip_peer_text
 from tidemq.store.types import PutStatus
 
 # Store refusals → response codes (§4.1 "Store errors map to response codes"); one table for every
