@@ -74,6 +74,9 @@ def standalone_cluster(log_dir: Path) -> Iterator[str]:
                 process.kill()
 
 
+# A standalone master, a worker and the example's driver are three JVMs on 2 shared cores: the
+# example's own limit (300 s below) bounds it, not pytest's default 120 s.
+@pytest.mark.timeout(360)
 def test_pipeline_example_on_a_standalone_cluster(tmp_path: Path) -> None:
     with standalone_cluster(tmp_path) as master_url:
         env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}

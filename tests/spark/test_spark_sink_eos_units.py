@@ -59,3 +59,30 @@ def test_two_published_decisions_are_an_error() -> None:
 )
 def test_only_sends_that_stored_nothing_are_sent_again(error: Exception, resend: bool) -> None:
     assert never_stored(error) is resend
+
+
+def test_a_stage_retry_gets_other_txn_ids() -> None:
+    """Spark numbers task attempts per stage attempt: after a fetch failure the write stage is
+    resubmitted and a partition's task runs as attempt 0 again, with the same writer (nonce).
+    Its txn must differ from the first run's, whose halves (sent before the failure) would
+    otherwise be committed with it."""
+    from pyspark import TaskContext
+
+    from tidemq.spark.exactly_once import task_tag
+    from tidemq.spark.options import SinkOptions
+
+    options = SinkOptions(name_server="127.0.0.1:9876", topic="T")
+    tags = []
+    for task_attempt_id in (17, 42):  # stage attempt 0, then 1: attemptNumber 0 both times
+        context = TaskContext._getOrCreate()
+        context._partitionId = 3
+        context._attemptNumber = 0
+        context._stageId = 5
+        context._taskAttemptId = task_attempt_id
+        context._localProperties = {"sql.streaming.queryId": "q", "streaming.sql.batchId": "2"}
+        try:
+            tags.append(task_tag(options, "job", "nonce"))
+        finally:
+            TaskContext._setTaskContext(None)  # type: ignore[arg-type]
+    assert tags[0].value != tags[1].value
+    assert all(tag.value.startswith("q/2/3/0-") for tag in tags)

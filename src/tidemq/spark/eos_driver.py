@@ -14,7 +14,15 @@ exactly-once Spark sink") with TIDEMQ_END_BATCH COMMIT requests:
 A holder that does not answer a step fails the commit (BatchCommitError): Spark fails the
 query, and the batch replayed after a restart finishes the same decision. A witness holding no
 halves may be down (its failure is logged): it only makes the decision easier to find. A
-refusal (the broker holds a contradicting decision) always fails the commit.
+refusal (the broker holds a contradicting decision) fails the commit, except one: a holder of
+an earlier, unpublished decision that refuses it because it rolled back txns of it
+(`batchRolledBack`: its orphan timeout ran out while the query was down) never recorded that
+decision and never will, so no broker published it; the replay then decides its own txns.
+
+`abort(N)` (Spark calls it after a failed commit too, with the same messages) sends ROLLBACK
+only when every broker answers a lookup and none holds a decision of the batch: a broker's
+ROLLBACK rolls back every pending half of the batch it holds, so on a holder that missed the
+decide it would sink a decision the replay must finish.
 """
 
 from __future__ import annotations
@@ -54,6 +62,18 @@ BeforeRequest = Callable[[str, str], None]
 class BatchCommitError(RuntimeError):
     """The batch's decision did not reach every broker holding its halves (or contradicts a
     broker's records); the batch is not committed yet, and its replay finishes the decision."""
+
+
+class HolderRolledBackError(BatchCommitError):
+    """A broker holding halves of the decision refused it because it rolled back txns of it
+    (its orphan timeout, or a ROLLBACK that reached it while the decide did not): it never
+    recorded the decision and never will, so no broker can have published it."""
+
+
+class DecisionRolledBackError(BrokerError):
+    """TRANSACTION_FAILED with `batchRolledBack`: the broker rolled back txns the COMMIT lists."""
+
+    code = ResponseCode.TRANSACTION_FAILED
 
 
 @dataclass(frozen=True)
@@ -153,7 +173,10 @@ def end_batch_request(
     # BlockingAdmin has no public raw-request method; its loop runs the remoting call.
     response = admin._run(admin.admin.instance.remoting.invoke(addr, command, timeout_ms))
     if response.code != ResponseCode.SUCCESS:
-        raise error_for_code(response.code, f"END_BATCH of {ref} at {addr}: {response.remark}")
+        remark = f"END_BATCH of {ref} at {addr}: {response.remark}"
+        if (response.ext_fields or {}).get("batchRolledBack") == "true":
+            raise DecisionRolledBackError(remark)
+        raise error_for_code(response.code, remark)
     return response
 
 
@@ -230,7 +253,10 @@ def run_step(
                 admin, addr, ref, decision.body(step, replace=replace), commit=True
             )
         except BrokerError as exc:
-            raise BatchCommitError(f"{step} of {ref} refused by {name}: {exc}") from exc
+            refused = f"{step} of {ref} refused by {name}: {exc}"
+            if isinstance(exc, DecisionRolledBackError) and name in holders:
+                raise HolderRolledBackError(refused) from exc
+            raise BatchCommitError(refused) from exc
         except ClientError as exc:
             level = logging.ERROR if name in holders else logging.WARNING
             logger.log(level, "tidemq sink: %s of %s at %s (%s): %s", step, ref, name, addr, exc)
@@ -239,9 +265,15 @@ def run_step(
             continue
         answers[name] = dict(response.ext_fields)
     if missing:
+        state = (
+            f"the batch is visible on {sorted(answers)} only, until its replay publishes it on "
+            "the rest"
+            if step == "commit"
+            else "this attempt published nothing (the batch's replay finishes the decision)"
+        )
         raise BatchCommitError(
             f"{step} of {ref} did not reach brokers holding its halves: {', '.join(missing)}; "
-            "the batch is not committed (its replay finishes the decision)"
+            f"{state}"
         )
     return answers
 
@@ -264,11 +296,32 @@ def commit_batch(
     admin = CLIENTS.get(options.name_server).admin
     live = route_masters(admin, sorted({t for m in done for t in m.topics}))
     witnesses = {**holders, **live}
-    decision, replace = choose(ref, own, lookup(admin, witnesses, ref))
-    targets = {**dict(decision.holders), **witnesses}
-    decided = run_step(
-        admin, targets, ref, decision, "decide", replace=replace, before_request=before_request
-    )
+    found = lookup(admin, witnesses, ref)
+    decision, replace = choose(ref, own, found)
+
+    def decide(decision: Decision, replace: bool) -> tuple[dict[str, str], dict[str, object]]:
+        targets = {**dict(decision.holders), **witnesses}
+        answers = run_step(
+            admin, targets, ref, decision, "decide", replace=replace, before_request=before_request
+        )
+        return targets, dict(answers)
+
+    try:
+        targets, decided = decide(decision, replace)
+    except HolderRolledBackError as exc:
+        # An earlier attempt's unpublished decision that one of its holders can never record
+        # was published nowhere: this attempt's rows replace it (`replace`). Never when it was
+        # found published (then that holder lost its records: the commit must fail).
+        if decision.txns == own.txns or any(state == "COMMITTED" for state, _ in found.values()):
+            raise
+        logger.warning(
+            "tidemq sink: %s: the earlier decision can never be published (%s); deciding this "
+            "attempt's txns instead",
+            ref,
+            exc,
+        )
+        decision = own
+        targets, decided = decide(decision, True)
     published = {name: targets[name] for name in decided}
     answers = run_step(admin, published, ref, decision, "commit", before_request=before_request)
     logger.info(
@@ -286,9 +339,10 @@ def commit_batch(
 def abort_batch(
     options: SinkOptions, messages: Sequence[WriterCommitMessage | None], batch_id: int
 ) -> None:
-    """Roll back this attempt's txns wherever its halves may be. Never raises for a broker:
-    one that is down or holds a decision for the batch (an earlier attempt's, which a replay
-    finishes) keeps the halves, and its batch records resolve them later."""
+    """Roll back this attempt's txns wherever its halves may be, unless a decision of the
+    batch may be recorded somewhere (a broker answers one to the lookup, or does not answer):
+    then nothing is sent, and the replay's publish or the brokers' records resolve the halves.
+    Never raises for a broker."""
     reported = task_messages(messages, batch_id)
     if reported is None:
         logger.warning(
@@ -300,7 +354,28 @@ def abort_batch(
     ref, done = reported
     admin = CLIENTS.get(options.name_server).admin
     brokers = dict(pair for m in done for pair in m.brokers)
-    brokers.update(route_masters(admin, sorted({t for m in done for t in m.topics})))
+    try:
+        brokers.update(route_masters(admin, sorted({t for m in done for t in m.topics})))
+        found = lookup(admin, brokers, ref)
+    except (BrokerError, ClientError) as exc:
+        logger.warning("tidemq sink: %s not rolled back (no lookup: %s)", ref, exc)
+        return
+    # A broker's ROLLBACK also rolls back every other pending half of the batch it holds, and
+    # a broker that rolled back a txn refuses to decide it. So while a decision of the batch
+    # may be recorded anywhere (found, or on a broker that did not answer), a ROLLBACK here
+    # could sink that decision for good on a holder that missed its decide (a commit that
+    # failed there, then this abort): the replay could then never finish it. Leave the halves
+    # to the replay's publish and the brokers' records instead.
+    decided = sorted(name for name, (state, _) in found.items() if state != "NONE")
+    unanswered = sorted(set(brokers) - set(found))
+    if decided or unanswered:
+        logger.warning(
+            "tidemq sink: %s not rolled back: %s; its replay finishes the decision or "
+            "decides anew, and the brokers resolve the halves from their records",
+            ref,
+            f"decided on {decided}" if decided else f"no lookup answer from {unanswered}",
+        )
+        return
     body = {"txns": sorted(m.txn for m in done)}
     for name, addr in sorted(brokers.items()):
         try:
@@ -325,10 +400,14 @@ def abort_write_job(
     )
     ref = BatchRef(sink_id, 0)
     body = {"txns": sorted(m.txn for m in done), "final": True}
-    answers = {
-        addr: dict(end_batch_request(admin, addr, ref, body, commit=False).ext_fields)
-        for addr in addrs
-    }
+    answers: dict[str, dict[str, str]] = {}
+    for addr in addrs:
+        # Every master is tried: one that refuses (it published the write before the commit
+        # failed) or is down must not leave the others open to the killed tasks' late halves.
+        try:
+            answers[addr] = dict(end_batch_request(admin, addr, ref, body, commit=False).ext_fields)
+        except (BrokerError, ClientError) as exc:
+            logger.warning("tidemq sink: final rollback of write %s at %s: %s", sink_id, addr, exc)
     logger.info(
         "tidemq sink rolled back write %s for good (%d task messages), brokers %s",
         sink_id,

@@ -24,9 +24,11 @@ Identities, and why:
 - sinkId: the query id (`sql.streaming.queryId`, stable across restarts from one checkpoint),
   prefixed by the user's `sinkId` option when given, so a reused name with a new checkpoint
   (batch ids restart at 0) is another sink. Batch writes: a fresh id per write job, batch 0.
-- attempt: Spark's attempt number plus a nonce made on the driver when the writer is built. A
-  batch replayed after a restart runs attempt 0 again; the nonce keeps its halves apart from the
-  first run's, so "commit the listed txns" can never publish a replay's rows twice.
+- attempt: Spark's attempt number, its task attempt id (unique in the application: a stage
+  resubmitted after a fetch failure runs its tasks as attempt 0 again) and a nonce made on the
+  driver when the writer is built. A batch replayed after a restart runs attempt 0 again; the
+  nonce keeps its halves apart from the first run's, so "commit the listed txns" can never
+  publish a replay's rows twice.
 The writer Spark rebuilds for a streaming `commit`/`abort` has another nonce: those read the
 txns, the sink id, the topics and the brokers from the tasks' commit messages only (spec §3.1).
 A batch write's `commit`/`abort` run on the tasks' own (pickled) writer, so its job id names
@@ -133,7 +135,9 @@ def task_tag(options: SinkOptions, job_id: str, nonce: str) -> TaskTag:
         sink_id=sink_id_of(options, query_id, job_id),
         batch_id=int(batch_text) if batch_text and query_id else 0,
         partition_id=context.partitionId(),
-        attempt=f"{context.attemptNumber()}-{nonce}",
+        # attemptNumber restarts at 0 in a resubmitted stage (a fetch failure); the task
+        # attempt id does not, so a partial first run's halves never share the retry's txn.
+        attempt=f"{context.attemptNumber()}-{context.taskAttemptId()}-{nonce}",
     )
 
 

@@ -8,6 +8,7 @@ the memory limits.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -45,6 +46,13 @@ COMMIT, ROLLBACK = 8, 12
 TIMEOUT_MS = 6_000
 ORPHAN_TIMEOUT_MS = 3_600_000
 SINK = "q-1"
+
+
+class DriverConnection(FakeProducer):
+    """The driver's connection: refusals are logged through it (handlers/common.refuse)."""
+
+    def log_peer_error(self, message: str, *args: object, level: int = logging.WARNING) -> None:
+        logging.getLogger(__name__).log(level, message, *args)
 
 
 class Sink:
@@ -105,7 +113,7 @@ class Sink:
         )
         run = table.get(RequestCode.TIDEMQ_END_BATCH)
         assert run is not None
-        response = await run(cast(Connection, FakeProducer("driver")), request)
+        response = await run(cast(Connection, DriverConnection("driver")), request)
         assert response is not None
         return response
 
@@ -436,3 +444,94 @@ async def test_malformed_phases_are_refused(sink: Sink) -> None:
     bad = await sink.end(0, COMMIT, [], phase="decide", replace="yes")
     assert bad.code == ResponseCode.SYSTEM_ERROR
     assert sink.records() == []
+
+
+async def test_a_final_rollback_closes_a_decided_batch_write(sink: Sink) -> None:
+    """A batch write whose commit failed between its decide and its publish (a holder did not
+    answer) is never replayed: its final ROLLBACK must close the unpublished decision, or its
+    halves would stay pending for good (a decided batch's halves never time out). A published
+    decision still refuses it."""
+    sink.half(0, "0/0-a", sink="job-decided")
+    decided = await sink.end(0, COMMIT, ["0/0-a"], sink="job-decided", phase="decide")
+    assert decided.code == ResponseCode.SUCCESS, decided.remark
+    closed = await sink.end(0, ROLLBACK, ["0/0-a"], sink="job-decided", final=True)
+    assert closed.code == ResponseCode.SUCCESS, closed.remark
+    assert closed.ext_fields["rolledBack"] == "1"
+    assert sink.world.ledger.in_flight == 0
+    sink.half(0, "1/0-a", sink="job-decided")  # a late half of a killed task
+    sink.world.clock.advance(TIMEOUT_MS)
+    assert (await sink.checker.run_once()).resolved_sink == 1
+    for phase in ("decide", "commit"):
+        late = await sink.end(0, COMMIT, ["0/0-a"], sink="job-decided", phase=phase)
+        assert late.code == ResponseCode.TRANSACTION_FAILED, phase
+    assert sink.visible() == []
+    sink.restart()
+    assert sink.world.ledger.in_flight == 0
+    # A published batch is not rolled back, final or not.
+    sink.half(0, "0/0-a", sink="job-published")
+    assert (await sink.end(0, COMMIT, ["0/0-a"], sink="job-published")).code == 0
+    refused = await sink.end(0, ROLLBACK, [], sink="job-published", final=True)
+    assert refused.code == ResponseCode.TRANSACTION_FAILED
+    assert sink.visible() == [b"job-published/0/0/0-a"]
+
+
+async def test_a_sink_evicted_from_memory_keeps_its_decision(sink: Sink) -> None:
+    """Other sinks (every batch write is one) push a streaming sink out of the LRU while its
+    driver is down after publishing batch 4 and before Spark's commit log. Its replay (new
+    txns) must still find the decision, or it would decide anew and publish the rows twice;
+    and a decided batch's halves must not time out because their sink was forgotten."""
+    sink.batches.index = BatchIndex(sinks_max=2)
+    sink.half(4, "0/0-a")
+    assert (await sink.end(4, COMMIT, ["0/0-a"])).code == ResponseCode.SUCCESS
+    decided = await sink.end(5, COMMIT, ["0/0-a"], sink="q-2", phase="decide")
+    assert decided.code == ResponseCode.SUCCESS
+    sink.half(5, "0/0-a", sink="q-2")
+    for job in ("job-1", "job-2", "job-3"):
+        assert (await sink.end(0, ROLLBACK, [], sink=job, final=True)).code == 0
+    assert sink.batches.index.state(SINK, 4) is None  # evicted
+    sink.half(4, "0/0-replay")
+    assert await lookup(sink, 4) == {"state": "COMMITTED", "txns": ["0/0-a"], "brokers": {}}
+    assert (await sink.end(4, COMMIT, ["0/0-replay"])).code == ResponseCode.TRANSACTION_FAILED
+    assert (await sink.end(4, COMMIT, ["0/0-a"])).ext_fields["alreadyCommitted"] == "true"
+    assert sink.visible() == [b"q-1/4/0/0-a"]
+    # q-2's batch 5 is decided, not published: its half outlives the orphan timeout.
+    for job in ("job-4", "job-5", "job-6"):
+        assert (await sink.end(0, ROLLBACK, [], sink=job, final=True)).code == 0
+    sink.world.clock.advance(ORPHAN_TIMEOUT_MS + TIMEOUT_MS)
+    await sink.checker.run_once()
+    assert (await lookup_sink(sink, "q-2", 5))["state"] == "DECIDED"
+    assert sink.world.ledger.in_flight == 1  # q-2's decided half
+    assert (await sink.end(5, COMMIT, ["0/0-a"], sink="q-2")).code == ResponseCode.SUCCESS
+    assert b"q-2/5/0/0-a" in sink.visible()
+
+
+async def lookup_sink(sink: Sink, sink_id: str, batch: int) -> dict[str, object]:
+    response = await sink.end(batch, COMMIT, [], sink=sink_id, phase="lookup")
+    assert response.code == ResponseCode.SUCCESS, response.remark
+    answer: dict[str, object] = orjson.loads(response.body)
+    return answer
+
+
+async def test_an_orphan_timeout_is_recorded_so_a_late_decision_is_refused(sink: Sink) -> None:
+    """A holder that missed batch 6's decide (it was down when the commit failed) rolls its
+    halves back once they outlive the orphan timeout (it cannot know of the decision). The
+    replay that comes later must not publish that decision here as if nothing were lost: the
+    timeout is recorded, and the decision refused with `batchRolledBack` (the driver then
+    decides its own attempt's rows instead)."""
+    sink.half(6, "0/0-a")
+    sink.half(6, "0/0-a")
+    sink.world.clock.advance(ORPHAN_TIMEOUT_MS + TIMEOUT_MS)
+    assert (await sink.checker.run_once()).resolved_sink == 2
+    assert [(r.outcome, r.txns) for r in sink.records()] == [
+        (BatchOutcome.ROLLBACK, frozenset({"0/0-a"}))
+    ]
+    sink.restart()
+    for phase in ("decide", "commit"):
+        refused = await sink.end(6, COMMIT, ["0/0-a"], phase=phase)
+        assert refused.code == ResponseCode.TRANSACTION_FAILED, phase
+        assert refused.ext_fields["batchRolledBack"] == "true"
+    sink.half(6, "0/0-replay")
+    own = await sink.end(6, COMMIT, ["0/0-replay"], phase="decide", replace=True)
+    assert own.code == ResponseCode.SUCCESS, own.remark
+    assert (await sink.end(6, COMMIT, ["0/0-replay"])).code == ResponseCode.SUCCESS
+    assert sink.visible() == [b"q-1/6/0/0-replay"]

@@ -14,7 +14,8 @@
     batch.py SinkBatchResolver.end_batch: record first, then (commit, rollback) resolve the
     batch's halves
         contradiction (COMMIT of rolled-back txns or with other txns than the decision,
-        ROLLBACK of a decided batch) ─▶ TRANSACTION_FAILED with the reason
+        ROLLBACK of a decided batch) ─▶ TRANSACTION_FAILED with the reason (ext
+        batchRolledBack=true when the COMMIT lists txns rolled back here)
         store refused ─▶ the put status's code
     SYNC_FLUSH ─▶ the record and committed messages are awaited (FLUSH_DISK_TIMEOUT when late)
     SUCCESS, ext: alreadyCommitted (true|false), committed, rolledBack (halves resolved now)
@@ -149,7 +150,10 @@ class EndBatchHandler:
                 replace=body.replace,
             )
         except BatchRefused as exc:
-            raise Refusal(ResponseCode.TRANSACTION_FAILED, str(exc)) from None
+            # batchRolledBack: this broker can never record that COMMIT (it rolled back txns
+            # of it): a driver finishing an earlier attempt's decision decides its own instead.
+            fields = {"batchRolledBack": "true"} if exc.rolled_back else None
+            raise Refusal(ResponseCode.TRANSACTION_FAILED, str(exc), fields) from None
         if result.failure is not None:
             raise Refusal(
                 PUT_STATUS_CODES.get(result.failure.status, ResponseCode.SYSTEM_ERROR),

@@ -32,7 +32,9 @@ A *final* ROLLBACK closes the batch: no COMMIT of it is accepted afterwards and 
 it, however late, is rolled back. The driver of a batch (non-streaming) write sends it: that
 sink id is never replayed nor followed by a later batch, and the tasks Spark kills on an abort
 may still be sending halves after the abort, so without it those halves would wait for the
-orphan timeout.
+orphan timeout. For the same reason it also closes a decision that is not published here (the
+write's commit failed between decide and publish): nothing would ever publish it, and a decided
+batch's halves never time out. A published batch refuses it.
 
 Orphans (halves no END_BATCH resolved: failed attempts, writes landing after an abort) are never
 checked back with a producer (Spark executors cannot answer): the check-back service asks
@@ -45,9 +47,10 @@ decided batch's halves never time out: a replay may still publish that decision.
 
 Memory: the last BATCH_RECORDS_PER_SINK_MAX batches per sink, BATCH_SINKS_MAX sinks (LRU); the
 pending index holds one entry per live tagged half, so it is bounded by the ledger's
-in-flight limit. A batch forgotten from memory is still on disk: its orphans then wait for the
-orphan timeout, and a repeated COMMIT of it is no longer recognised as a repeat (its halves are
-resolved, so it commits nothing new either).
+in-flight limit. A sink the LRU evicted is read back from its records on disk (the key index:
+a record's KEYS is its sink id) when it is next asked about, so a replay still finds its
+decision; records older than the commit log's retention are gone, and with them what they
+decided (a replay after `fileReservedTime` decides anew).
 """
 
 from __future__ import annotations
@@ -114,6 +117,11 @@ __all__ = [  # the record types live in batch_record.py; callers import them fro
 BATCH_RECORDS_PER_SINK_MAX: Final = 16
 # Sinks remembered (LRU); each holds at most BATCH_RECORDS_PER_SINK_MAX records.
 BATCH_SINKS_MAX: Final = 1_024
+# Records read back from disk for a sink not in memory (evicted, or not seen since the start):
+# its newest ones, enough for its last BATCH_RECORDS_PER_SINK_MAX batches (a decide and a
+# publish each, plus rollbacks).
+BATCH_RECORDS_RELOAD_MAX: Final = 4 * BATCH_RECORDS_PER_SINK_MAX
+_FOREVER_MS: Final = 2**62
 
 
 @dataclass(slots=True)
@@ -179,6 +187,20 @@ class BatchIndex:
         while len(history.batches) > self.records_per_sink_max:
             history.batches.popitem(last=False)
 
+    def knows(self, sink_id: str) -> bool:
+        """Whether the sink's records are in memory (its newest ones: see `restore`)."""
+        return sink_id in self._sinks
+
+    def restore(self, sink_id: str, records: list[BatchRecord]) -> None:
+        """Remember a sink read back from disk: its `records`, oldest first (none: a sink
+        without records, so that it is not looked up again while it stays remembered)."""
+        if sink_id not in self._sinks:
+            self._sinks[sink_id] = _SinkHistory()
+            while len(self._sinks) > self.sinks_max:
+                self._sinks.popitem(last=False)
+        for record in records:
+            self.apply(record)
+
     def state(self, sink_id: str, batch_id: int) -> BatchState | None:
         history = self._sinks.get(sink_id)
         return None if history is None else history.batches.get(batch_id)
@@ -212,7 +234,13 @@ class BatchIndex:
 
 
 class BatchRefused(Exception):
-    """The END_BATCH contradicts the batch's records (the remark says how)."""
+    """The END_BATCH contradicts the batch's records (the remark says how). `rolled_back`: a
+    COMMIT refused because this broker rolled back txns it lists (or the whole batch), so that
+    decision can never be recorded here."""
+
+    def __init__(self, remark: str, *, rolled_back: bool = False) -> None:
+        super().__init__(remark)
+        self.rolled_back = rolled_back
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,8 +292,34 @@ class SinkBatchResolver:
     # -- END_BATCH ------------------------------------------------------------------------------
 
     def lookup(self, sink_id: str, batch_id: int) -> BatchState | None:
-        """What this broker's records say about the batch (None: nothing remembered)."""
+        """What this broker's records say about the batch (None: nothing recorded)."""
+        self._remember(sink_id)
         return self.index.state(sink_id, batch_id)
+
+    def _remember(self, sink_id: str) -> None:
+        """Bring a sink the index does not hold (the LRU evicted it, or the start replayed
+        more sinks than it keeps) back from its records on disk, found by the key index (a
+        record's KEYS is its sink id). Without them a replay of its last batch would find no
+        decision and publish its own rows beside the published ones, and a decided batch's
+        halves would time out."""
+        if self.index.knows(sink_id):
+            return
+        found: list[tuple[int, BatchRecord]] = []
+        for data in self._store.query_by_key(
+            BATCH_TOPIC, sink_id, BATCH_RECORDS_RELOAD_MAX, 0, _FOREVER_MS
+        ):
+            try:
+                message = rec.decode_record(data)
+                record = decode_batch_record(message.body)
+            except ProtocolError as exc:
+                log.warning("skipping a batch record of sink %s: %s", sink_id, exc)
+                continue
+            if record.sink_id == sink_id:
+                found.append((message.queue_offset, record))
+        found.sort(key=lambda item: item[0])
+        self.index.restore(sink_id, [record for _, record in found])
+        if found:
+            log.info("sink %s: %d batch records read back from disk", sink_id, len(found))
 
     def end_batch(
         self,
@@ -287,6 +341,7 @@ class SinkBatchResolver:
         """
         assert not final or outcome is BatchOutcome.ROLLBACK
         assert phase is not BatchPhase.LOOKUP
+        self._remember(sink_id)
         state = self.index.state(sink_id, batch_id)
         what = f"batch {batch_id} of sink {sink_id}"
         if outcome is BatchOutcome.ROLLBACK:
@@ -313,11 +368,12 @@ class SinkBatchResolver:
     @staticmethod
     def _check_committable(state: BatchState | None, txns: frozenset[str], what: str) -> None:
         if state is not None and state.closed:
-            raise BatchRefused(f"COMMIT refused: {what} was rolled back for good")
+            raise BatchRefused(f"COMMIT refused: {what} was rolled back for good", rolled_back=True)
         if state is not None and txns & state.rolled_back:
             raise BatchRefused(
                 f"COMMIT refused: {what} was rolled back, including "
-                f"{sorted(txns & state.rolled_back)[:5]}"
+                f"{sorted(txns & state.rolled_back)[:5]}",
+                rolled_back=True,
             )
 
     def _decide_record(
@@ -331,6 +387,8 @@ class SinkBatchResolver:
         what: str,
     ) -> BatchRecord | None:
         """The DECIDE record to store; None when this decision is already recorded."""
+        if state is not None and state.closed:
+            raise BatchRefused(f"DECIDE refused: {what} was rolled back for good", rolled_back=True)
         if state is not None and state.committed is not None:
             if state.committed == txns:
                 return None
@@ -360,7 +418,8 @@ class SinkBatchResolver:
                 raise BatchRefused(
                     f"COMMIT refused: {what} is {'committed' if state.published else 'decided'} "
                     f"with other txns ({len(state.committed)} txns on {dict(state.holders)}); "
-                    "finish that decision"
+                    "finish that decision (look it up first: a connector older than the "
+                    "two-phase commit cannot, upgrade it)"
                 )
             if state.published:
                 return None
@@ -377,8 +436,12 @@ class SinkBatchResolver:
         final: bool,
         what: str,
     ) -> BatchRecord | None:
-        """The ROLLBACK record to store; None when everything it names is already rolled back."""
-        if state is not None and state.committed is not None:
+        """The ROLLBACK record to store; None when everything it names is already rolled back.
+
+        A final ROLLBACK (a batch write's abort) also closes an unpublished decision: that sink
+        is never replayed, so nothing would ever publish it, and a decided batch's halves never
+        time out."""
+        if state is not None and state.committed is not None and (state.published or not final):
             raise BatchRefused(
                 f"ROLLBACK refused: {what} is already "
                 f"{'committed' if state.published else 'decided'}"
@@ -392,7 +455,7 @@ class SinkBatchResolver:
         """Resolve the pending halves of a recorded batch as its records say."""
         committed = rolled_back = durable_end = 0
         for origin, txn in self.index.pending(sink_id, batch_id).items():
-            tx_input = self._decision(sink_id, batch_id, txn, None)
+            tx_input = self._decision(sink_id, batch_id, txn)
             if tx_input is None:
                 continue
             entry = self._resolver.ledger.pending(origin)
@@ -413,10 +476,10 @@ class SinkBatchResolver:
                 durable_end = max(durable_end, outcome.stored.physical_offset + outcome.stored.size)
         return BatchEndResult(committed=committed, rolled_back=rolled_back, durable_end=durable_end)
 
-    def _decision(
-        self, sink_id: str, batch_id: int, txn: str, age_ms: int | None
-    ) -> TxInput | None:
-        """COMMIT, ROLLBACK or None (leave pending) for one half, from the records alone."""
+    def _decision(self, sink_id: str, batch_id: int, txn: str) -> TxInput | None:
+        """COMMIT, ROLLBACK or None (leave pending) for one half, from the records alone (the
+        orphan timeout is decide_orphan's: `_timed_out`)."""
+        self._remember(sink_id)
         state = self.index.state(sink_id, batch_id)
         if state is not None and state.committed is not None and state.published:
             return TxInput.COMMIT if txn in state.committed else TxInput.ROLLBACK
@@ -424,10 +487,7 @@ class SinkBatchResolver:
             return TxInput.ROLLBACK
         if self.index.batch_max(sink_id) > batch_id:
             return TxInput.ROLLBACK
-        if state is not None and state.committed is not None:
-            return None  # decided, not yet published here: a replay may still publish it
-        if age_ms is not None and age_ms >= self.orphan_timeout_ms:
-            return TxInput.ROLLBACK
+        # Decided, not yet published here (a replay may still publish it), or not recorded.
         return None
 
     def _resolve(self, half: rec.StoredMessage, tx_input: TxInput) -> EndResult | None:
@@ -464,14 +524,44 @@ class SinkBatchResolver:
         else:
             assert tag is not None
             self.index.track(hm.origin_of(half), tag)
-            age_ms = now_ms - half.store_timestamp
-            tx_input = self._decision(tag.sink_id, tag.batch_id, tag.txn, age_ms)
+            tx_input = self._decision(tag.sink_id, tag.batch_id, tag.txn)
+            if tx_input is None and self._timed_out(tag, now_ms - half.store_timestamp):
+                if not self._record_timeout(tag):
+                    return None
+                tx_input = TxInput.ROLLBACK
         if tx_input is None:
             return False
         outcome = self._resolve(half, tx_input)
         if outcome is not None and outcome.failure is not None:
             return None
         log.info("orphan sink half %d: %s", half.queue_offset, tx_input.value)
+        return True
+
+    def _timed_out(self, tag: SparkTxn, age_ms: int) -> bool:
+        """Whether a half the records leave pending has outlived the orphan timeout (never a
+        half of a batch decided here: a replay may still publish it)."""
+        state = self.index.state(tag.sink_id, tag.batch_id)
+        if state is not None and state.committed is not None:
+            return False
+        return age_ms >= self.orphan_timeout_ms
+
+    def _record_timeout(self, tag: SparkTxn) -> bool:
+        """Store a ROLLBACK record of the timed-out txn before rolling its halves back (False:
+        the store refused). This broker may hold halves of a decision it never recorded (it
+        was down at the commit): the record makes a later DECIDE or PUBLISH of that decision
+        here fail (`batchRolledBack`) instead of succeeding without the rows lost."""
+        state = self.index.state(tag.sink_id, tag.batch_id)
+        if state is not None and tag.txn in state.rolled_back:
+            return True
+        record = BatchRecord(tag.sink_id, tag.batch_id, BatchOutcome.ROLLBACK, frozenset({tag.txn}))
+        put = self._store.put_message(
+            batch_record_message(record, store_host=self._store_host, now_ms=self._clock.now_ms())
+        )
+        if not put.ok:
+            log.error("orphan timeout of %s not recorded: %s", tag, put.error)
+            return False
+        self.index.apply(record)
+        log.warning("%s outlived the orphan timeout, undecided here: rolled back", tag)
         return True
 
     # -- start ----------------------------------------------------------------------------------
