@@ -68,6 +68,11 @@ class ConfigError(QueueError, ValueError):
     """A configuration value or combination that the broker cannot run with."""
 
 
+def _bad(key: str, value: object, why: str) -> ConfigError:
+    """The error for one setting, named by its broker.conf key as the user wrote it."""
+    return ConfigError(f"{key}={value!r}: {why}")
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """Every broker setting. Sizes are bytes unless the name says otherwise."""
@@ -126,48 +131,60 @@ class BrokerConfig:
     commit_log_resident_bytes: int = COMMIT_LOG_RESIDENT_BYTES_DEFAULT
 
     def __post_init__(self) -> None:
-        def bad(key: str, value: object, why: str) -> ConfigError:
-            return ConfigError(f"{key}={value!r}: {why}")
+        self._check_identity()
+        self._check_store()
+        self._check_periods()
+        self._check_delays_and_transactions()
+        for addr in self.namesrv_addrs:
+            _check_addr("namesrvAddr", addr)
 
+    def _check_identity(self) -> None:
+        """Who the broker is and what it serves: names, id, role, ports, permission."""
         if not self.broker_cluster_name:
-            raise bad("brokerClusterName", self.broker_cluster_name, "must not be empty")
+            raise _bad("brokerClusterName", self.broker_cluster_name, "must not be empty")
         if not self.broker_name:
-            raise bad("brokerName", self.broker_name, "must not be empty")
+            raise _bad("brokerName", self.broker_name, "must not be empty")
         if self.broker_id < 0:
-            raise bad("brokerId", self.broker_id, "must be >= 0 (0 is the master)")
+            raise _bad("brokerId", self.broker_id, "must be >= 0 (0 is the master)")
         if self.broker_role not in BROKER_ROLES:
-            raise bad("brokerRole", self.broker_role, f"must be one of {', '.join(BROKER_ROLES)}")
+            raise _bad("brokerRole", self.broker_role, f"must be one of {', '.join(BROKER_ROLES)}")
         if not 0 <= self.listen_port <= 65535:
-            raise bad("listenPort", self.listen_port, "must be a TCP port (0 picks a free one)")
+            raise _bad("listenPort", self.listen_port, "must be a TCP port (0 picks a free one)")
         if self.vip_channel_enabled and 0 < self.listen_port <= VIP_CHANNEL_PORT_OFFSET:
-            raise bad("listenPort", self.listen_port, "leaves no room for the VIP port (port-2)")
+            raise _bad("listenPort", self.listen_port, "leaves no room for the VIP port (port-2)")
+        if not 0 <= self.broker_permission <= _PERM_ALL:
+            raise _bad("brokerPermission", self.broker_permission, "must be 0..15")
+
+    def _check_store(self) -> None:
+        """The store's shape and retention: flushing, file sizes, topics' queues, disk use."""
         if self.flush_disk_type not in FLUSH_DISK_TYPES:
-            raise bad("flushDiskType", self.flush_disk_type, "must be ASYNC_FLUSH or SYNC_FLUSH")
+            raise _bad("flushDiskType", self.flush_disk_type, "must be ASYNC_FLUSH or SYNC_FLUSH")
         if self.commit_log_file_size < 4096:
-            raise bad("mappedFileSizeCommitLog", self.commit_log_file_size, "must be >= 4096")
+            raise _bad("mappedFileSizeCommitLog", self.commit_log_file_size, "must be >= 4096")
         if self.commit_log_file_size > 2**31 - 1:
-            raise bad("mappedFileSizeCommitLog", self.commit_log_file_size, "must be < 2 GiB")
+            raise _bad("mappedFileSizeCommitLog", self.commit_log_file_size, "must be < 2 GiB")
         if self.max_message_size < 1:
-            raise bad("maxMessageSize", self.max_message_size, "must be >= 1")
+            raise _bad("maxMessageSize", self.max_message_size, "must be >= 1")
         if self.consume_queue_file_entries < 1:
-            raise bad("mappedFileSizeConsumeQueue", self.consume_queue_file_entries, "too small")
+            raise _bad("mappedFileSizeConsumeQueue", self.consume_queue_file_entries, "too small")
         if not 1 <= self.default_topic_queue_nums <= 1024:
-            raise bad("defaultTopicQueueNums", self.default_topic_queue_nums, "must be 1..1024")
+            raise _bad("defaultTopicQueueNums", self.default_topic_queue_nums, "must be 1..1024")
         if not _DELETE_WHEN.match(self.delete_when) or any(
             int(h) > 23 for h in self.delete_when.split(";")
         ):
-            raise bad("deleteWhen", self.delete_when, "must be hours 00..23 joined by ';'")
+            raise _bad("deleteWhen", self.delete_when, "must be hours 00..23 joined by ';'")
         if not 0 <= self.disk_max_used_space_ratio_percent <= 100:
             # RocketMQ clamps to 10..95; 0 is allowed here so tests can simulate a full disk.
-            raise bad("diskMaxUsedSpaceRatio", self.disk_max_used_space_ratio_percent, "0..100")
+            raise _bad("diskMaxUsedSpaceRatio", self.disk_max_used_space_ratio_percent, "0..100")
         if self.file_reserved_time_hours <= 0:
-            raise bad("fileReservedTime", self.file_reserved_time_hours, "must be > 0")
+            raise _bad("fileReservedTime", self.file_reserved_time_hours, "must be > 0")
         if self.corrupt_policy not in ("refuse", "quarantine"):
-            raise bad("corruptPolicy", self.corrupt_policy, "must be refuse or quarantine")
+            raise _bad("corruptPolicy", self.corrupt_policy, "must be refuse or quarantine")
         if self.commit_log_resident_bytes < 0:
-            raise bad("commitLogResidentBytes", self.commit_log_resident_bytes, "must be >= 0")
-        if not 0 <= self.broker_permission <= _PERM_ALL:
-            raise bad("brokerPermission", self.broker_permission, "must be 0..15")
+            raise _bad("commitLogResidentBytes", self.commit_log_resident_bytes, "must be >= 0")
+
+    def _check_periods(self) -> None:
+        """Every period and timeout in ms is positive: zero would spin a service or never wait."""
         for key, value in (
             ("shortPollingTimeMills", self.short_polling_ms),
             ("flushIntervalCommitLog", self.flush_interval_ms),
@@ -181,23 +198,24 @@ class BrokerConfig:
             ("transactionCheckInterval", self.transaction_check_interval_ms),
         ):
             if value <= 0:
-                raise bad(key, value, "must be > 0 ms")
+                raise _bad(key, value, "must be > 0 ms")
+
+    def _check_delays_and_transactions(self) -> None:
+        """Delay levels, timers, check-back limits and the Spark sink's orphan timeout."""
         try:
             parse_delay_levels(self.message_delay_level)
         except ValueError as exc:
-            raise bad("messageDelayLevel", self.message_delay_level, str(exc)) from None
+            raise _bad("messageDelayLevel", self.message_delay_level, str(exc)) from None
         if self.timer_max_delay_sec <= 0:
-            raise bad("timerMaxDelaySec", self.timer_max_delay_sec, "must be > 0 s")
+            raise _bad("timerMaxDelaySec", self.timer_max_delay_sec, "must be > 0 s")
         if self.transaction_check_max < 0:
-            raise bad("transactionCheckMax", self.transaction_check_max, "must be >= 0")
+            raise _bad("transactionCheckMax", self.transaction_check_max, "must be >= 0")
         if self.transaction_unreached_check_max < 1:
-            raise bad(
+            raise _bad(
                 "transactionUnreachedCheckMax", self.transaction_unreached_check_max, "must be >= 1"
             )
         if self.spark_orphan_timeout_hours <= 0:
-            raise bad("sparkOrphanTimeoutHours", self.spark_orphan_timeout_hours, "must be > 0")
-        for addr in self.namesrv_addrs:
-            _check_addr("namesrvAddr", addr)
+            raise _bad("sparkOrphanTimeoutHours", self.spark_orphan_timeout_hours, "must be > 0")
 
     @property
     def vip_port(self) -> int | None:

@@ -18,22 +18,36 @@ from tidemq.errors import QueueError
 
 
 def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
-    def verb(name: str, help_text: str, **kwargs: Any) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, **kwargs)
-        return parser
+    """Add the admin verbs to the `tidemq` command, in the order `--help` lists them."""
+    _add_parsers_topic(verbs, namesrv_default)
+    _add_parsers_cluster(verbs, namesrv_default)
+    _add_parsers_send(verbs, namesrv_default)
+    _add_parsers_consume(verbs, namesrv_default)
+    _add_parsers_message(verbs, namesrv_default)
+    _add_parsers_group(verbs, namesrv_default)
 
-    def with_namesrv(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        parser.add_argument(
-            "-n",
-            "--namesrv-addr",
-            default=namesrv_default,
-            help=f"name servers, ';'-separated (default {namesrv_default})",
-        )
-        return parser
 
-    topic = verb("topic", "create, list and inspect topics")
-    topic_actions = topic.add_subparsers(dest="action", required=True)
-    create = with_namesrv(topic_actions.add_parser("create", help="create or update a topic"))
+def _verb(verbs: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = verbs.add_parser(name, help=help_text)
+    return parser
+
+
+def _with_namesrv(parser: argparse.ArgumentParser, namesrv_default: str) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "-n",
+        "--namesrv-addr",
+        default=namesrv_default,
+        help=f"name servers, ';'-separated (default {namesrv_default})",
+    )
+    return parser
+
+
+def _add_parsers_topic(verbs: Any, namesrv_default: str) -> None:
+    topic = _verb(verbs, "topic", "create, list and inspect topics")
+    actions = topic.add_subparsers(dest="action", required=True)
+    create = _with_namesrv(
+        actions.add_parser("create", help="create or update a topic"), namesrv_default
+    )
     create.add_argument("-t", "--topic", required=True)
     create.add_argument("-q", "--queues", type=int, default=8, help="read and write queues")
     create.add_argument("-p", "--perm", type=int, default=6, help="6 read+write, 4 read, 2 write")
@@ -41,23 +55,33 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
     create.add_argument("-b", "--broker-addr", help="only this broker")
     create.add_argument("--order", action="store_true", help="an ordered topic")
     create.set_defaults(run=run_topic_create)
-    listing = with_namesrv(
-        topic_actions.add_parser("list", help="every topic the name server knows")
+    listing = _with_namesrv(
+        actions.add_parser("list", help="every topic the name server knows"), namesrv_default
     )
     listing.set_defaults(run=run_topic_list)
-    route = with_namesrv(topic_actions.add_parser("route", help="brokers and queues of a topic"))
+    route = _with_namesrv(
+        actions.add_parser("route", help="brokers and queues of a topic"), namesrv_default
+    )
     route.add_argument("-t", "--topic", required=True)
     route.set_defaults(run=run_topic_route)
-    stats = with_namesrv(topic_actions.add_parser("stats", help="min/max offset per queue"))
+    stats = _with_namesrv(
+        actions.add_parser("stats", help="min/max offset per queue"), namesrv_default
+    )
     stats.add_argument("-t", "--topic", required=True)
     stats.set_defaults(run=run_topic_stats)
 
-    cluster = verb("cluster", "brokers of each cluster")
-    cluster_actions = cluster.add_subparsers(dest="action", required=True)
-    cluster_list = with_namesrv(cluster_actions.add_parser("list", help="clusters and brokers"))
-    cluster_list.set_defaults(run=run_cluster_list)
 
-    send = with_namesrv(verb("send", "send messages"))
+def _add_parsers_cluster(verbs: Any, namesrv_default: str) -> None:
+    cluster = _verb(verbs, "cluster", "brokers of each cluster")
+    actions = cluster.add_subparsers(dest="action", required=True)
+    listing = _with_namesrv(
+        actions.add_parser("list", help="clusters and brokers"), namesrv_default
+    )
+    listing.set_defaults(run=run_cluster_list)
+
+
+def _add_parsers_send(verbs: Any, namesrv_default: str) -> None:
+    send = _with_namesrv(_verb(verbs, "send", "send messages"), namesrv_default)
     send.add_argument("-t", "--topic", required=True)
     send.add_argument("-b", "--body", default=None, help="message body (default: read stdin)")
     send.add_argument("--tags", default=None)
@@ -66,7 +90,11 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
     send.add_argument("-g", "--group", default="TIDEMQ_CLI_PRODUCER", help="producer group")
     send.set_defaults(run=run_send)
 
-    consume = with_namesrv(verb("consume", "read messages and commit the group's offsets"))
+
+def _add_parsers_consume(verbs: Any, namesrv_default: str) -> None:
+    consume = _with_namesrv(
+        _verb(verbs, "consume", "read messages and commit the group's offsets"), namesrv_default
+    )
     consume.add_argument("-t", "--topic", required=True)
     consume.add_argument("-g", "--group", default="TIDEMQ_CLI_CONSUMER")
     consume.add_argument("-e", "--expression", default="*", help="tag expression, e.g. 'A || B'")
@@ -84,22 +112,28 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
     )
     consume.set_defaults(run=run_consume)
 
-    message = verb("message", "look messages up")
-    message_actions = message.add_subparsers(dest="action", required=True)
-    query = with_namesrv(message_actions.add_parser("query", help="by key or by offset message id"))
+
+def _add_parsers_message(verbs: Any, namesrv_default: str) -> None:
+    message = _verb(verbs, "message", "look messages up")
+    actions = message.add_subparsers(dest="action", required=True)
+    query = _with_namesrv(
+        actions.add_parser("query", help="by key or by offset message id"), namesrv_default
+    )
     query.add_argument("-t", "--topic", help="topic (needed with --key)")
     found_by = query.add_mutually_exclusive_group(required=True)
     found_by.add_argument("-k", "--key")
     found_by.add_argument("-i", "--id", help="offsetMsgId as returned by a send")
     query.set_defaults(run=run_message_query)
 
-    group = verb("group", "consumer groups")
-    group_actions = group.add_subparsers(dest="action", required=True)
-    progress = with_namesrv(group_actions.add_parser("progress", help="lag per queue"))
+
+def _add_parsers_group(verbs: Any, namesrv_default: str) -> None:
+    group = _verb(verbs, "group", "consumer groups")
+    actions = group.add_subparsers(dest="action", required=True)
+    progress = _with_namesrv(actions.add_parser("progress", help="lag per queue"), namesrv_default)
     progress.add_argument("-g", "--group", required=True)
     progress.add_argument("-t", "--topic", default=None)
     progress.set_defaults(run=run_group_progress)
-    dlq.add_group_actions(group_actions, namesrv_default=namesrv_default)  # reset-offset
+    dlq.add_group_actions(actions, namesrv_default=namesrv_default)  # reset-offset
 
 
 def _admin(args: argparse.Namespace) -> Any:

@@ -207,6 +207,54 @@ def _set_flags(settings: Mapping[str, str]) -> list[str]:
     return [word for key, value in settings.items() for word in ("--set", f"{key}={value}")]
 
 
+def _namesrv_process(root: Path, index: int, log_level: str) -> ServerProcess:
+    """Name server `namesrv-<index>` on a free port, its data and log under `root`."""
+    port = free_port()
+    return ServerProcess(
+        name=f"namesrv-{index}",
+        args=[
+            "--log-level",
+            log_level,
+            "namesrv",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(root / f"namesrv-{index}"),
+        ],
+        port=port,
+        log_path=root / "logs" / f"namesrv-{index}.log",
+    )
+
+
+def _broker_process(
+    root: Path, index: int, namesrv_addr: str, settings: Mapping[str, str], log_level: str
+) -> ServerProcess:
+    """Broker `broker-<a, b, ...>` on a free port pair, its store and log under `root`."""
+    port = free_broker_port()
+    name = f"broker-{chr(ord('a') + index)}"
+    store = root / name
+    return ServerProcess(
+        name=name,
+        args=[
+            "--log-level",
+            log_level,
+            "broker",
+            "--namesrv-addr",
+            namesrv_addr,
+            "--port",
+            str(port),
+            "--data-dir",
+            str(store),
+            "--broker-name",
+            name,
+            *_set_flags(settings),
+        ],
+        port=port,
+        log_path=root / "logs" / f"{name}.log",
+        store_dir=store,
+    )
+
+
 @contextlib.asynccontextmanager
 async def process_cluster(
     root: Path,
@@ -222,56 +270,12 @@ async def process_cluster(
     process still running is stopped with SIGTERM (SIGKILL if it does not stop in time).
     """
     cluster = ProcessCluster(root=root)
-    logs = root / "logs"
-    for index in range(namesrvs):
-        port = free_port()
-        cluster.namesrvs.append(
-            ServerProcess(
-                name=f"namesrv-{index}",
-                args=[
-                    "--log-level",
-                    log_level,
-                    "namesrv",
-                    "--port",
-                    str(port),
-                    "--data-dir",
-                    str(root / f"namesrv-{index}"),
-                ],
-                port=port,
-                log_path=logs / f"namesrv-{index}.log",
-            )
-        )
-    for index in range(brokers):
-        port = free_broker_port()
-        name = f"broker-{chr(ord('a') + index)}"
-        store = root / name
-        settings = {
-            "brokerIP1": "127.0.0.1",
-            **TEST_BROKER_SETTINGS,
-            **(broker_settings or {}),
-        }
-        cluster.brokers.append(
-            ServerProcess(
-                name=name,
-                args=[
-                    "--log-level",
-                    log_level,
-                    "broker",
-                    "--namesrv-addr",
-                    cluster.namesrv_addr,
-                    "--port",
-                    str(port),
-                    "--data-dir",
-                    str(store),
-                    "--broker-name",
-                    name,
-                    *_set_flags(settings),
-                ],
-                port=port,
-                log_path=logs / f"{name}.log",
-                store_dir=store,
-            )
-        )
+    cluster.namesrvs.extend(_namesrv_process(root, index, log_level) for index in range(namesrvs))
+    settings = {"brokerIP1": "127.0.0.1", **TEST_BROKER_SETTINGS, **(broker_settings or {})}
+    cluster.brokers.extend(
+        _broker_process(root, index, cluster.namesrv_addr, settings, log_level)
+        for index in range(brokers)
+    )
     try:
         for server in cluster.all():
             await server.start()

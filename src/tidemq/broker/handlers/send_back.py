@@ -29,6 +29,7 @@ from tidemq.broker.schedule import DelayRefused, DelayRouter
 from tidemq.broker.topics import PERM_DEFAULT, TopicTable
 from tidemq.errors import CorruptRecordError
 from tidemq.protocol import record as rec
+from tidemq.protocol.bodies import TopicConfig
 from tidemq.protocol.codes import VERSION_V3_4_9, RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import ConsumerSendMsgBackRequestHeader
@@ -120,30 +121,65 @@ class SendBackHandler:
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand | None:
         header = ConsumerSendMsgBackRequestHeader.from_fields(request.ext_fields)
-        validate_group(header.group)  # send-back may create the group: only legal names
+        group = self._writable_group(header.group)
+        if group.retry_queue_nums <= 0:
+            return request.response(ResponseCode.SUCCESS)
+        retry = self._topics.ensure_retry_topic(header.group, group.retry_queue_nums)
+        original = self._stored_original(header.offset)
+        max_times = header_max_reconsume_times(header.max_reconsume_times, request.version)
+        message = self._resend_message(header, original, group, retry, max_times)
+        destination = message.topic  # the retry or DLQ topic, before a delay parks it
+        try:
+            message = self._delays.route(message)
+        except DelayRefused as exc:
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+        result = self._store.put_message(message)
+        if not result.ok:
+            raise Refusal(
+                ResponseCode.SYSTEM_ERROR,
+                f"send back to {destination} failed: {result.status.value} {result.error}",
+            )
+        if not await self._flush.wait_flushed(result.physical_offset + result.size):
+            return request.response(ResponseCode.FLUSH_DISK_TIMEOUT, remark="not flushed in time")
+        return request.response(ResponseCode.SUCCESS)
+
+    def _writable_group(self, group_name: str) -> SubscriptionGroupConfig:
+        """The consumer group, created if allowed, on a broker that takes writes; else a Refusal."""
+        validate_group(group_name)  # send-back may create the group: only legal names
         if not Perm.is_writable(self._config.broker_permission):
             raise Refusal(
                 ResponseCode.NO_PERMISSION,
                 f"the broker[{self._config.broker_name}] sending message is forbidden",
             )
-        group = self._groups.find_or_create(header.group)
+        group = self._groups.find_or_create(group_name)
         if group is None:
             raise Refusal(
                 ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
-                f"subscription group [{header.group}] does not exist",
+                f"subscription group [{group_name}] does not exist",
             )
-        if group.retry_queue_nums <= 0:
-            return request.response(ResponseCode.SUCCESS)
-        retry = self._topics.ensure_retry_topic(header.group, group.retry_queue_nums)
-        data = self._store.read_record(header.offset)
+        return group
+
+    def _stored_original(self, offset: int) -> rec.StoredMessage:
+        """The message being handed back, read at its commit-log offset; else SYSTEM_ERROR."""
+        data = self._store.read_record(offset)
         try:
             if data is None:
                 raise CorruptRecordError("no record there")
-            original = rec.decode_record(data)
+            return rec.decode_record(data)
         except CorruptRecordError as exc:
             raise Refusal(
-                ResponseCode.SYSTEM_ERROR, f"look message by offset {header.offset} failed: {exc}"
+                ResponseCode.SYSTEM_ERROR, f"look message by offset {offset} failed: {exc}"
             ) from None
+
+    def _resend_message(
+        self,
+        header: ConsumerSendMsgBackRequestHeader,
+        original: rec.StoredMessage,
+        group: SubscriptionGroupConfig,
+        retry: TopicConfig,
+        max_times: int | None,
+    ) -> MessageToStore:
+        """The copy to store: to the retry topic with a delay level, or to the DLQ undelayed."""
         props = decode_properties(rec.strip_crc_property(original.properties))
         props.pop(TAGS_CODE_PROPERTY, None)
         props.setdefault(RETRY_TOPIC, header.origin_topic or original.topic)
@@ -154,7 +190,6 @@ class SendBackHandler:
             )
         times = original.reconsume_times
         delay_level = header.delay_level
-        max_times = header_max_reconsume_times(header.max_reconsume_times, request.version)
         if times >= retry_limit(group, max_times) or delay_level < 0:
             topic = self._topics.ensure(dlq_topic(header.group), DLQ_QUEUE_NUMS, PERM_DEFAULT)
             queue_id = 0
@@ -169,7 +204,7 @@ class SendBackHandler:
         else:
             props.pop(DELAY, None)
         props[RECONSUME_TIME] = str(times + 1)
-        message = message_from_stored(
+        return message_from_stored(
             original,
             topic=topic.topic_name,
             queue_id=queue_id,
@@ -177,16 +212,3 @@ class SendBackHandler:
             store_host=(self._address.host, self._address.port),
             reconsume_times=times + 1,
         )
-        try:
-            message = self._delays.route(message)
-        except DelayRefused as exc:
-            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
-        result = self._store.put_message(message)
-        if not result.ok:
-            raise Refusal(
-                ResponseCode.SYSTEM_ERROR,
-                f"send back to {topic.topic_name} failed: {result.status.value} {result.error}",
-            )
-        if not await self._flush.wait_flushed(result.physical_offset + result.size):
-            return request.response(ResponseCode.FLUSH_DISK_TIMEOUT, remark="not flushed in time")
-        return request.response(ResponseCode.SUCCESS)
