@@ -12,9 +12,11 @@ Delivery modes:
   A task retried after a failure, or a batch replayed after a driver crash, sends its rows
   again.
 - `exactlyOnce=true` (the default): rows go out as half messages tagged with the batch, and the
-  driver ends each batch on every broker holding its halves, decide then publish, so a batch is
-  visible on all of them or (until its replay finishes it) on none (exactly_once.py,
-  eos_driver.py).
+  driver ends each batch on every broker holding its halves, decide then publish. Nothing is
+  visible before every holder recorded the decision; the publishes then go broker by broker, so
+  a commit that fails between them leaves the batch visible on some brokers until the replay
+  (which finds the recorded decision) publishes it on the rest. Every row lands exactly once
+  (exactly_once.py, eos_driver.py; ARCHITECTURE.md, "Batch ends").
 """
 
 from __future__ import annotations
