@@ -11,8 +11,9 @@ Cases (one topic of 4 queues, `--rows` messages with 100-byte bodies):
   raw send       the blocking Python client's send_batch, 128 per batch, one at a time (filling
                  the topic): the reference for the sink
   sink (alo)     df.write.format("tidemq") with exactlyOnce=false of the same rows
-  sink (eos)     the same write with exactlyOnce=true (half messages, one TIDEMQ_END_BATCH per
-                 broker), reported as a ratio to the at-least-once sink of the same run
+  sink (eos)     the same write with exactlyOnce=true (half messages; three TIDEMQ_END_BATCH
+                 phases per broker: lookup, decide, publish), reported as a ratio to the
+                 at-least-once sink of the same run
 
 Goal (issue 5): source / raw pull >= 0.8.
 
