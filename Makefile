@@ -72,9 +72,11 @@ bench-deps: $(BENCH_STAMP)
 		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q \
 			redis-server redis-tools nats-server rabbitmq-server; }
 
-## bench: TideMQ side by side with Redis, NATS and RabbitMQ (~15 min); appends benchmarks/RESULTS.md
+## bench: TideMQ side by side with Redis, NATS and RabbitMQ (~15 min); appends benchmarks/RESULTS.md;
+## then restart time and memory with 1 GiB segments, empty and 10 GiB stores (~3 min, 10 GiB of disk)
 bench: bench-deps
 	$(PY) benchmarks/run_suite.py --runs $(or $(RUNS),3)
+	$(PY) benchmarks/bench_restart.py --store-gib $(or $(RESTART_GIB),10)
 
 clean:
 	rm -rf $(VENV) $(JS_DIR)/node_modules .mypy_cache .ruff_cache
