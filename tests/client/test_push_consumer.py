@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from client_fakes import FakeCluster, QueueBroker, until
 
-from tidemq.client import consumer as consumer_module
+from tidemq.client import consume_concurrently as concurrent_module
 from tidemq.client.consumer import PushConsumer
 from tidemq.client.message import (
     ConsumeConcurrentlyStatus,
@@ -111,7 +111,7 @@ async def test_failed_message_is_sent_back_and_offset_moves_on(qfake: FakeCluste
 
 
 async def test_failed_send_back_retries_locally_and_holds_the_offset(qfake, monkeypatch):
-    monkeypatch.setattr(consumer_module, "LOCAL_RETRY_DELAY_MS", 50)
+    monkeypatch.setattr(concurrent_module, "LOCAL_RETRY_DELAY_MS", 50)
     b = broker(qfake)
     b.fail_send_back = True
     b.put("TopicA", 0, b"flaky")

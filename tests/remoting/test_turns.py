@@ -17,7 +17,7 @@ from tidemq.remoting import (
     RemotingClient,
     RemotingServer,
 )
-from tidemq.remoting import connection as connection_module
+from tidemq.remoting import turns as turns_module
 from tidemq.testing import eventually
 
 STAMP = 1100
@@ -218,7 +218,7 @@ async def test_reading_resumes_after_a_drain_that_left_the_buffer_over_its_cap(
     """The last backlogged request's answer takes the write buffer over its cap while the
     transport is not paused (the cap lowered to 1 KiB here; at 8 MiB the kernel would have to
     take all but 64 KiB of it at once): reading must still resume once the buffer is written."""
-    monkeypatch.setattr(connection_module, "WRITE_BUFFER_BYTES_MAX", 1024)
+    monkeypatch.setattr(turns_module, "WRITE_BUFFER_BYTES_MAX", 1024)
     big = b"b" * 2048
 
     class Sized(Stamper):

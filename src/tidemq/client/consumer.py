@@ -16,15 +16,10 @@
       `undecodable_count` and logged (rate-limited), and the offset moves past it
       (pull_answer.py), so it never blocks the messages behind it
     listener
-      concurrent: batches of ≤ consume_batch_max run as tasks, ≤ consume_concurrency at once. A
-        failed batch (RECONSUME_LATER or an exception) is sent back (CONSUMER_SEND_MSG_BACK, delay
-        level 0, so the broker re-delivers it through %RETRY%<group> after 10 s, 30 s, …); a message
-        whose send-back fails stays in the process queue and is retried locally after 5 s. The
-        committed offset is the lowest unfinished message (process_queue.py).
-      orderly: one batch at a time per queue, only while its broker lock is held (renewed every
-        20 s). SUSPEND_CURRENT_QUEUE_A_MOMENT (or an exception) retries the same batch after
-        `suspend_current_queue_ms`; once a batch has failed max_reconsume_times times it is sent
-        to the dead-letter queue (send-back with delay level -1) and consumption moves on.
+      concurrent (consume_concurrently.py): batches of ≤ consume_batch_max run as tasks,
+        ≤ consume_concurrency at once; a failed batch is sent back for a later retry.
+      orderly (consume_orderly.py): one batch at a time per queue, only while its broker lock is
+        held; a failed batch is retried in place, then sent to the dead-letter queue.
     offsets committed every 5 s and at shutdown: clustering to the broker, broadcasting to a JSON
       file under `offset_store_dir`.
 
@@ -39,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +49,8 @@ from tidemq.protocol.headers import PullSysFlag
 
 from . import api
 from .assignment import OwnedQueue, allocate, commit_offsets, first_offset, release_queues
+from .consume_concurrently import ConcurrentConsumption
+from .consume_orderly import OrderlyConsumption
 from .instance import ClientInstance
 from .listener import Listener, Subscription, call_listener, restore_retry_topic
 from .message import (
@@ -72,13 +68,8 @@ logger = logging.getLogger(__name__)
 
 REBALANCE_INTERVAL_MS: Final = 10_000
 PERSIST_INTERVAL_MS: Final = 5_000
-LOCK_RENEW_INTERVAL_MS: Final = 20_000
-# A lock not renewed for this long is not trusted for consuming (broker expiry is 60 s).
-LOCK_TRUST_MS: Final = 30_000
 # Pause after a failed pull, as RocketMQ's pullTimeDelayMillsWhenException.
 PULL_ERROR_DELAY_MS: Final = 3_000
-# Delay before a locally retried message (its send-back failed) is consumed again.
-LOCAL_RETRY_DELAY_MS: Final = 5_000
 # How long shutdown waits for listener calls already running before committing offsets.
 SHUTDOWN_CONSUME_WAIT_MS: Final = 10_000
 # Flow control per queue, as RocketMQ's pullThresholdForQueue / pullThresholdSizeForQueue.
@@ -86,7 +77,7 @@ PULL_THRESHOLD_MESSAGES_DEFAULT: Final = 1_000
 PULL_THRESHOLD_BYTES_DEFAULT: Final = 100 * MIB
 
 
-class PushConsumer:
+class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
     """Consumes the subscribed topics for `group`, calling the registered listener."""
 
     def __init__(
@@ -438,7 +429,7 @@ class PushConsumer:
             batch = messages[start : start + self.consume_batch_max]
             self._spawn(self._consume_concurrently(state, batch))
 
-    # -- consuming -------------------------------------------------------------------------
+    # -- consuming (the listener calls: consume_concurrently.py, consume_orderly.py) --------
 
     def _restore_topic(self, message: MessageExt) -> MessageExt:
         return restore_retry_topic(message, self._group)
@@ -447,128 +438,6 @@ class PushConsumer:
         assert self._listener is not None
         view = [self._restore_topic(m) for m in messages]
         return await call_listener(self._listener, view, self._executor, self._group)
-
-    async def _consume_concurrently(self, state: OwnedQueue, messages: list[MessageExt]) -> None:
-        async with self._semaphore:
-            if state.pq.dropped or self._closed:
-                return
-            ok = await self._call_listener(messages)
-        done = messages
-        if not ok and self.clustering:
-            done, failed = [], []
-            for message in messages:
-                try:
-                    await api.send_back(
-                        self._instance,
-                        self._group,
-                        self._restore_topic(message),
-                        delay_level=0,
-                        max_reconsume_times=self.max_reconsume_times,
-                    )
-                    done.append(message)
-                except (ClientError, BrokerError) as exc:
-                    logger.warning("%s: send-back failed, retrying locally: %s", self._group, exc)
-                    failed.append(
-                        dataclasses.replace(message, reconsume_times=message.reconsume_times + 1)
-                    )
-            if failed:
-                retry = asyncio.create_task(self._retry_later(state, failed))
-                self._retrying.add(retry)
-                retry.add_done_callback(self._retrying.discard)
-        elif not ok:
-            logger.warning("%s: broadcasting consumer drops %d failed", self._group, len(messages))
-        offset = state.pq.remove(done)
-        if offset >= 0 and not state.pq.dropped:
-            self._offsets.update(state.mq, offset)
-
-    async def _retry_later(self, state: OwnedQueue, messages: list[MessageExt]) -> None:
-        await asyncio.sleep(LOCAL_RETRY_DELAY_MS / 1000)
-        if not state.pq.dropped and not self._closed:
-            await self._consume_concurrently(state, messages)
-
-    def _lock_trusted(self, pq: ProcessQueue) -> bool:
-        if not self.clustering:
-            return True
-        age_ms = self._clock.monotonic_ms() - pq.lock_renewed_at_ms
-        return pq.locked and age_ms < LOCK_TRUST_MS
-
-    async def _orderly_loop(self, state: OwnedQueue) -> None:
-        pq = state.pq
-        while not pq.dropped:
-            if not pq.has_pending:
-                await pq.wait_changed()
-                continue
-            if not self._lock_trusted(pq):
-                await asyncio.sleep(self.suspend_current_queue_ms / 1000)
-                continue
-            # The batch runs as its own task, shielded: giving the queue up (or shutdown)
-            # cancels this loop but never cuts a listener call short (a thread cannot be), and
-            # waits for it before releasing the broker lock (assignment.py), so the next owner
-            # never consumes the queue alongside it.
-            call = asyncio.ensure_future(self._consume_orderly(state))
-            state.call = call
-            self._consuming.add(call)
-            call.add_done_callback(self._consuming.discard)
-            if not await asyncio.shield(call):
-                await asyncio.sleep(self.suspend_current_queue_ms / 1000)
-
-    async def _consume_orderly(self, state: OwnedQueue) -> bool:
-        """One orderly batch: the listener, then commit or put back; False: retry later."""
-        pq = state.pq
-        async with self._semaphore:
-            if pq.dropped or not pq.has_pending:
-                return True
-            batch = pq.take(self.consume_batch_max)
-            ok = await self._call_listener(batch)
-        if not ok and all(m.reconsume_times >= self.max_reconsume_times for m in batch):
-            ok = await self._to_dead_letter(batch)
-        if ok:
-            offset = pq.commit_taken()
-            if not state.released:
-                self._offsets.update(state.mq, offset)
-            return True
-        pq.return_taken(
-            dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in batch
-        )
-        return False
-
-    async def _to_dead_letter(self, batch: list[MessageExt]) -> bool:
-        try:
-            for message in batch:
-                await api.send_back(
-                    self._instance,
-                    self._group,
-                    self._restore_topic(message),
-                    delay_level=-1,
-                    max_reconsume_times=self.max_reconsume_times,
-                )
-        except (ClientError, BrokerError) as exc:
-            logger.warning("%s: dead-letter send-back failed: %s", self._group, exc)
-            return False
-        logger.warning("%s: %d message(s) sent to the dead-letter queue", self._group, len(batch))
-        return True
-
-    # -- locks (orderly, clustering) -------------------------------------------------------
-
-    async def _lock(self, mqs: list[MessageQueue]) -> set[MessageQueue]:
-        locked = await api.lock_queues(self._instance, self._group, mqs)
-        now = self._clock.monotonic_ms()
-        for mq in mqs:
-            state = self._queues.get(mq)
-            if state is not None:
-                state.pq.locked = mq in locked
-                if mq in locked:
-                    state.pq.lock_renewed_at_ms = now
-        return locked
-
-    async def _unlock(self, mqs: list[MessageQueue]) -> None:
-        await api.unlock_queues(self._instance, self._group, mqs)
-
-    async def _lock_loop(self) -> None:
-        while True:
-            await asyncio.sleep(LOCK_RENEW_INTERVAL_MS / 1000)
-            if self._queues:
-                await self._lock(list(self._queues))
 
     # -- offsets ---------------------------------------------------------------------------
 

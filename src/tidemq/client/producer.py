@@ -9,12 +9,8 @@ fault_probe.py) → SEND_MESSAGE_V2 (310) to the queue's master.
 Start: routes of the declared `topics` fetched, their brokers (a TransactionProducer: every
 master) heartbeated, so check-backs reach the group before its first send (instance.announce).
 
-Retries: up to `retry_times` more attempts, all within one `send_timeout_ms` budget, each on the
-next queue and preferably on another broker than the one that just failed. Retried: timeouts,
-closed connections and the retriable broker codes (errors._RETRIABLE_CODES, plus NO_PERMISSION,
-which a broker whose write permission was wiped for maintenance answers). Not retried: invalid
-messages and the other codes; and a send to an explicit queue, selector or sharding key (moving
-it would break the order the caller asked for).
+Retries: up to `retry_times` more attempts within one `send_timeout_ms` budget, preferably on
+another broker; the coroutine path that makes them, and the rule, are send_retry.py.
 
 Pipelining: `send_nowait(msg)` starts a send and returns an asyncio.Future of its SendResult, like
 RocketMQ's async send with a SendCallback (`future.add_done_callback(...)`), and `send` awaits the
@@ -70,6 +66,7 @@ from .fault_probe import BrokerProber
 from .instance import ClientInstance
 from .message import Message, MessageExt, SendResult
 from .route_cache import DEFAULT_TOPIC_QUEUES_PER_BROKER, PublishInfo, PublishInfos
+from .send_retry import RetryingSends
 from .sending import (
     COMPRESS_LEVEL_DEFAULT,
     COMPRESS_OVER_BYTES_DEFAULT,
@@ -90,7 +87,7 @@ from .sending import (
 logger = logging.getLogger(__name__)
 
 
-class Producer:
+class Producer(RetryingSends):
     """Sends messages for producer group `group`. Use `async with Producer(...) as p:`."""
 
     # start() heartbeats every master, not only the declared topics' brokers (TransactionProducer)
@@ -341,29 +338,6 @@ class Producer:
         )
         return future
 
-    async def _send_slowly(
-        self,
-        message: Message,
-        prepared: PreparedMessage,
-        queue: MessageQueue | None,
-        selector: QueueSelector | None,
-        arg: Any,
-        sharding_key: str | None,
-        first: MessageQueue | None = None,
-    ) -> SendResult:
-        """The coroutine path of send_nowait: route lookup or connect first (see the docstring);
-        `first` is the queue of the first attempt, when the fast path chose one."""
-        topic = message.topic
-        if queue is None and selector is None and sharding_key is None:
-            return await self._send_with_retries(topic, prepared, first=first)
-        info = await self.publish_info(topic)  # also learns the brokers' addresses
-        if queue is None:
-            queue = explicit_queue(info.queues, message, selector, arg, sharding_key)
-        deadline = self._clock.monotonic_ms() + self.send_timeout_ms
-        return await self._send_once(
-            topic, queue, prepared, deadline, code=RequestCode.SEND_MESSAGE_V2
-        )
-
     def _spawn(
         self, coroutine: Coroutine[Any, Any, SendResult], future: asyncio.Future[SendResult]
     ) -> None:
@@ -503,76 +477,6 @@ class Producer:
         )
         topic = messages[0].topic
         return await self._send_with_retries(topic, prepared, batch=True)
-
-    async def _send_with_retries(
-        self,
-        topic: str,
-        prepared: PreparedMessage,
-        *,
-        batch: bool = False,
-        deadline_ms: float | None = None,
-        attempts_made: int = 0,
-        last_failed: str | None = None,
-        last_error: Exception | None = None,
-        first: MessageQueue | None = None,
-    ) -> SendResult:
-        """Up to 1 + retry_times attempts within one send timeout; a caller that made the first
-        attempts itself passes its deadline, their count and the last failure, one that chose
-        the first attempt's queue passes it as `first`."""
-        if deadline_ms is None:
-            deadline_ms = self._clock.monotonic_ms() + self.send_timeout_ms
-        info = await self.publish_info(topic)
-        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
-        for attempt in range(attempts_made, 1 + self.retry_times):
-            now = self._clock.monotonic_ms()
-            if now >= deadline_ms:
-                break
-            queue = first or select_queue(
-                info.queues,
-                self._next_index(topic),
-                self.faults,
-                now,
-                last_failed_broker=last_failed,
-            )
-            first = None
-            try:
-                return await self._send_once(topic, queue, prepared, deadline_ms, code=code)
-            except Exception as exc:
-                if not is_retriable(exc):
-                    raise
-                logger.info(
-                    "send to %s failed (attempt %d of %d): %s",
-                    queue,
-                    attempt + 1,
-                    1 + self.retry_times,
-                    exc,
-                )
-                last_failed, last_error = queue.broker_name, exc
-        if last_error is not None:
-            raise last_error
-        raise RequestTimeoutError(f"send to {topic} timed out after {self.send_timeout_ms} ms")
-
-    async def _send_once(
-        self,
-        topic: str,
-        queue: MessageQueue,
-        prepared: PreparedMessage,
-        deadline_ms: float,
-        *,
-        code: int,
-    ) -> SendResult:
-        addr = self._instance.master_address(queue.broker_name)
-        cmd = send_request(self._group, topic, queue, prepared, code, self._clock.now_ms())
-        started = self._clock.monotonic_ms()
-        try:
-            response = await self._instance.remoting.invoke(addr, cmd, deadline_ms - started)
-            result = send_result(topic, queue, prepared.uniq_key, response)
-        except Exception:
-            self.faults.record(queue.broker_name, 0.0, self._clock.monotonic_ms(), failed=True)
-            raise
-        finished = self._clock.monotonic_ms()
-        self.faults.record(queue.broker_name, finished - started, finished, failed=False)
-        return result
 
     async def on_check_transaction_state(
         self, broker_addr: str, header: CheckTransactionStateRequestHeader, message: MessageExt

@@ -5,18 +5,14 @@ A connection is symmetric: either side may send requests, and either side answer
     inbound bytes ──▶ FrameDecoder ──▶ response? ──▶ its waiter by opaque (pending.py)
                                   └──▶ request  ──▶ hook → handler → answer (a task if it awaits)
 
-Every inbound request starts at once; one that awaits (a held long-poll pull, a sync-flush wait)
-continues as its own task (eager.py), so it never stops the socket from reading. Answers may
-leave out of order, paired by opaque. In-flight requests per connection are bounded by
-IN_FLIGHT_MAX; beyond it the request is answered SYSTEM_BUSY at once, as a Java broker does when
-its executor queue is full.
+Every inbound request starts when its turn comes (turns.py); one that awaits (a held long-poll
+pull, a sync-flush wait) continues as its own task (eager.py), so it never stops the socket from
+reading. Answers may leave out of order, paired by opaque. In-flight requests per connection
+are bounded by IN_FLIGHT_MAX; beyond it the request is answered SYSTEM_BUSY at once, as a Java
+broker does when its executor queue is full.
 
-One read can bring hundreds of pipelined requests. The connection starts the first `turn_budget`
-worth of them at once (a request costs one, plus one per 2 KiB of body) and the rest from a
-backlog in later loop iterations, twice as much each time, with reading paused until the backlog
-is empty. The first answers then leave while later requests are still being handled, so a
-pipelining peer works at the same time as we do instead of taking turns with us over its whole
-window.
+Which requests of a read start now and which wait, when reading pauses, and how writes are
+buffered and flushed is the base class's part: FlowControl (turns.py).
 
 `start_request` registers and writes a request without a coroutine or a timer, for pipelining
 callers that keep their own deadlines (the producer's send_nowait; `abandon` drops one).
@@ -33,16 +29,13 @@ A handler's ProtocolError is the peer's fault: SYSTEM_ERROR naming it, and one l
 requests fail with ConnectionClosedError at once; handler tasks still running are left to finish
 (their answers are dropped) so a handler never sees a cancellation it did not expect.
 
-Writes go out as `writelines([head, body])` so large bodies are not copied into the header, and
-respect the transport's flow control: a writer awaits while the transport is paused.
+Writes go out as `writelines([head, body])` so large bodies are not copied into the header.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import sys
 from collections.abc import Callable
 from typing import Final, cast
 
@@ -56,28 +49,20 @@ from tidemq.remoting.handlers import HandlerTable, RequestHook, ResponseWaiter
 from tidemq.remoting.inbound import FrameBudget, InboundFrames
 from tidemq.remoting.log_limit import LogLimit, clip_peer_text
 from tidemq.remoting.pending import PendingRequests
+from tidemq.remoting.turns import TURN_BUDGET, FlowControl
+
+__all__ = ["IN_FLIGHT_MAX", "TURN_BUDGET", "Connection"]
 
 logger = logging.getLogger(__name__)
 
 # Requests one connection may have running at once; a client needs far fewer (held pulls are one
 # per queue), so reaching this means a runaway peer. Beyond it: SYSTEM_BUSY.
 IN_FLIGHT_MAX: Final = 4096
-# Response bytes a server connection may queue in one loop iteration before it handles no more
-# of that peer's requests until they are written: bounds what a client that sends but never
-# reads can make us hold (one maximal pull answer fits).
-WRITE_BUFFER_BYTES_MAX: Final = 8 * 1024 * 1024
-# What one loop iteration may start of one read (see the module docstring). Measured with
-# benchmarks/profile/run.sh, 1 KiB bodies, ASYNC flush: pipelined (256 in flight) 44k msg/s when a
-# whole read starts at once, 55-58k with 16 (8 and 32 the same; a steady 16 per iteration without
-# doubling: broker CPU per send 18 -> 22 µs, 47k); batched (64 per request, 8 in flight) 70-73k
-# -> 81-91k once bodies count, unchanged while only requests counted.
-TURN_BUDGET: Final = 16
-_BODY_UNIT_SHIFT: Final = 11  # a request costs one more per 2 KiB of its body
 
 ConnectionCallback = Callable[["Connection"], None]
 
 
-class Connection(asyncio.Protocol):
+class Connection(FlowControl):
     """One TCP connection. Built by RemotingServer and RemotingClient, not by callers.
 
     It is the transport's asyncio Protocol: connection_made, data_received, connection_lost,
@@ -91,32 +76,20 @@ class Connection(asyncio.Protocol):
     """
 
     __slots__ = (
-        "_backlog",
-        "_buffered_bytes",
         "_clock",
         "_close_listeners",
-        "_closed",
         "_closed_event",
-        "_drain_scheduled",
-        "_drain_waiters",
         "_handlers",
         "_in_flight",
         "_in_flight_max",
         "_inbound",
         "_last_activity_ms",
-        "_loop",
         "_on_close",
         "_on_open",
-        "_paused",
         "_peer_errors",
         "_pending",
-        "_read_while_blocked",
         "_request_hook",
         "_tasks",
-        "_transport",
-        "_turn_budget",
-        "_turn_limit",
-        "_write_buffer",
         "attributes",
         "local",
         "peer",
@@ -136,15 +109,10 @@ class Connection(asyncio.Protocol):
         on_open: ConnectionCallback | None = None,
         on_close: ConnectionCallback | None = None,
     ) -> None:
-        assert turn_budget is None or turn_budget > 0
+        super().__init__(read_while_blocked=read_while_blocked, turn_budget=turn_budget)
         self._handlers = handlers
         self._on_open = on_open
         self._on_close = on_close
-        # Server side (False): while the peer does not read our responses and the transport's
-        # buffer is over its high-water mark, stop reading its requests, so a client that never
-        # reads cannot make us queue responses without bound. Clients keep reading: their peer
-        # reads independently, and pausing both sides could deadlock.
-        self._read_while_blocked = read_while_blocked
         self._clock = clock
         self._request_hook = request_hook
         self._inbound = InboundFrames(
@@ -153,28 +121,9 @@ class Connection(asyncio.Protocol):
         self._peer_errors: LogLimit | None = None
         self._in_flight_max = in_flight_max
         self._in_flight = 0
-        self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
         self._pending = PendingRequests()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._paused = False
-        # Frames written during one loop iteration, sent together by _flush_writes: under
-        # pipelining one send syscall carries many responses instead of one each.
-        self._write_buffer: list[bytes] = []
-        self._buffered_bytes = 0
-        # Requests read but not started: beyond the `turn_budget` of one read, or (server side)
-        # because the peer is not reading our responses (see `_blocked`). Started in order by
-        # _drain_backlog, `_turn_limit` worth per iteration; reading stays paused until it is
-        # empty.
-        self._backlog: collections.deque[RemotingCommand] = collections.deque()
-        self._drain_scheduled = False
-        # None: every request of a read starts at once (a SYNC_FLUSH broker: its answers wait
-        # for the disk anyway, and each slice would cost a group-commit round of its own).
-        self._turn_budget = turn_budget or sys.maxsize
-        self._turn_limit = self._turn_budget
-        self._drain_waiters: list[asyncio.Future[None]] = []
         self._close_listeners: list[ConnectionCallback] = []
-        self._closed = False
         self._closed_event = asyncio.Event()
         self._last_activity_ms = clock.monotonic_ms()
         self.attributes: dict[str, object] = {}
@@ -203,11 +152,6 @@ class Connection(asyncio.Protocol):
     def incomplete_frame_since_ms(self) -> float | None:
         """Monotonic time the frame being received began; None between frames."""
         return self._inbound.incomplete_since_ms
-
-    @property
-    def writing_paused(self) -> bool:
-        """True while the transport's write buffer is over its high-water mark."""
-        return self._paused
 
     @property
     def in_flight(self) -> int:
@@ -335,61 +279,6 @@ class Connection(asyncio.Protocol):
         self._buffered_bytes += len(head) + len(body)
         self._last_activity_ms = self._clock.monotonic_ms()
 
-    def _flush_writes(self) -> None:
-        buffer = self._write_buffer
-        if not buffer:
-            return
-        self._write_buffer = []
-        self._buffered_bytes = 0
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.writelines(buffer)
-        if self._backlog and not self._blocked():
-            self._schedule_drain()
-
-    def _blocked(self) -> bool:
-        """Server side: the peer is not keeping up with our responses, so take no new requests."""
-        return not self._read_while_blocked and (
-            self._paused or self._buffered_bytes > WRITE_BUFFER_BYTES_MAX
-        )
-
-    def _schedule_drain(self) -> None:
-        if not self._drain_scheduled:
-            self._drain_scheduled = True
-            self._loop.call_soon(self._drain_backlog)
-
-    def _drain_backlog(self) -> None:
-        """Start the next slice of the backlog, twice the last one; come back next iteration for
-        more, or resume reading once none are left. Stops while blocked: resume_writing or
-        _flush_writes schedules it again."""
-        self._drain_scheduled = False
-        backlog = self._backlog
-        self._turn_limit = budget = min(self._turn_limit * 2, sys.maxsize)
-        while backlog and not self._closed and not self._blocked():
-            if budget <= 0:
-                self._schedule_drain()
-                return
-            cmd = backlog.popleft()
-            budget -= 1 + (len(cmd.body) >> _BODY_UNIT_SHIFT)
-            self._on_request(cmd)
-        if backlog:
-            return
-        self._turn_limit = self._turn_budget
-        transport = self._transport
-        # Not `_blocked()`: over WRITE_BUFFER_BYTES_MAX but not paused, nothing would resume
-        # reading once the buffer is written. New requests then wait in the backlog instead.
-        # Only a server connection whose transport paused writing waits for resume_writing.
-        paused_by_peer = self._paused and not self._read_while_blocked
-        if not paused_by_peer and transport is not None and not transport.is_closing():
-            transport.resume_reading()
-
-    async def _drain(self) -> None:
-        if self._closed:
-            raise ConnectionClosedError(f"connection to {self.peer_text} closed while writing")
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._drain_waiters.append(waiter)
-        await waiter
-
     def _expire(self, opaque: int, code: int, timeout_ms: float) -> None:
         message = f"request code {code} to {self.peer_text} timed out after {timeout_ms} ms"
         self._pending.expire(opaque, message)
@@ -464,36 +353,6 @@ class Connection(asyncio.Protocol):
         if self._on_close is not None:
             self._on_close(self)
 
-    @property
-    def reading_paused(self) -> bool:
-        """True while the server stopped reading this peer's requests (it is not reading ours)."""
-        transport = self._transport
-        return transport is not None and not transport.is_reading()
-
-    def pause_writing(self) -> None:
-        self._paused = True
-        if not self._read_while_blocked and self._transport is not None:
-            self._transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        self._paused = False
-        if not self._read_while_blocked and self._transport is not None:
-            if self._backlog:
-                self._schedule_drain()
-            elif not self._transport.is_closing():
-                self._transport.resume_reading()
-        self._wake_writers(None)
-
-    def _wake_writers(self, exc: Exception | None) -> None:
-        waiters, self._drain_waiters = self._drain_waiters, []
-        for waiter in waiters:
-            if waiter.done():
-                continue
-            if exc is None:
-                waiter.set_result(None)
-            else:
-                waiter.set_exception(exc)
-
     def data_received(self, data: bytes) -> None:
         self._last_activity_ms = self._clock.monotonic_ms()
         try:
@@ -504,21 +363,10 @@ class Connection(asyncio.Protocol):
             return
         if self._transport is None or self._transport.is_closing():
             return  # evicted by the frame budget in this read (inbound.py)
-        backlog = self._backlog
-        budget = self._turn_budget
-        for cmd in commands:
-            if cmd.flag & FLAG_RESPONSE:
-                self._pending.answer(cmd, self.peer_text)
-            elif backlog or budget <= 0 or self._blocked():
-                backlog.append(cmd)
-            else:
-                budget -= 1 + (len(cmd.body) >> _BODY_UNIT_SHIFT)
-                self._on_request(cmd)
-        if backlog and self._transport is not None:
-            # Bound the backlog to what one read delivered: read nothing more until it drains.
-            self._transport.pause_reading()
-            if not self._blocked():
-                self._schedule_drain()
+        self._admit(commands)
+
+    def _on_response(self, cmd: RemotingCommand) -> None:
+        self._pending.answer(cmd, self.peer_text)
 
     def _on_request(self, cmd: RemotingCommand) -> None:
         if self._closed:
@@ -587,4 +435,3 @@ class Connection(asyncio.Protocol):
         if self._peer_errors is None:
             self._peer_errors = LogLimit(logger, self._clock)
         self._peer_errors.log(level, message, *args)
-

@@ -15,19 +15,10 @@ one by one would be, but stores less: the real messages of its commits with one 
 (`put_each`, any queues), then one op message per outcome whose body lists every origin
 ("17,18,19,", the 5.x batch form). The order is what makes it safe: the commit log keeps a prefix
 after a crash, so an op on disk means its real messages are too, and a real message whose op was
-lost is found by step 3 below.
+lost is found by the repair at start (rebuild.py).
 
-Rebuilt at start from the store alone (`rebuild`):
-
-    1. op queue from (CID_RMQ_SYS_TRANS op offset - OUTCOMES_REPLAY_EXTRA) to its end
-       → outcome per origin (the __TXOUTCOME# property; upstream ops read as ROLLBACK);
-    2. half queue from the CID_RMQ_SYS_TRANS half offset to its end → the newest record of each
-       origin without an outcome is pending (every live transaction has a record there: the
-       check service advances that offset only past records resolved, stale or copied forward);
-    3. repair: a pending transaction whose committed real message is already in the store (the
-       broker died between storing it and its op message) is marked COMMITTED and its op written,
-       so a check-back cannot commit it twice. Found through the key index (UNIQ_KEY of the
-       real topic) and preparedTransactionOffset → a record of the same origin.
+Rebuilt at start from the store alone, and repaired where a crash cut a resolution short:
+`rebuild` (rebuild.py).
 
 The ledger itself, and how its memory is bounded, is ledger.py.
 """
@@ -35,31 +26,36 @@ The ledger itself, and how its memory is bounded, is ledger.py.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.schedule import DelayRefused
-from tidemq.broker.timer import TIMER_TOPIC_PREFIX
 from tidemq.broker.transaction import half as hm
 from tidemq.broker.transaction.ledger import (
-    TRANSACTION_OUTCOMES_MAX,
-    PendingHalf,
     TransactionBusy,
     TransactionForgotten,
     TransactionLedger,
     pending_from,
     pending_of,
 )
+from tidemq.broker.transaction.rebuild import (
+    OUTCOMES_REPLAY_EXTRA,
+    REPAIR_CANDIDATES_MAX,
+    SCAN_BATCH_MAX,
+    rebuild_ledger,
+    scan_queue,
+    scan_records,
+    start_offset,
+)
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput, TxState, apply
 from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.clock import Clock
 from tidemq.errors import CorruptRecordError, ProtocolError
 from tidemq.protocol import record as rec
-from tidemq.protocol.message import SCHEDULE_TOPIC_XXXX, TRANS_CHECK_GROUP, UNIQ_KEY, SysFlag
 from tidemq.store.message_store import FileMessageStore
-from tidemq.store.types import GetStatus, MessageToStore, PutResult
+from tidemq.store.types import MessageToStore, PutResult
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +74,6 @@ __all__ = [
     "start_offset",
 ]
 
-# At start, op messages replayed before the persisted op offset, so recent outcomes survive.
-OUTCOMES_REPLAY_EXTRA: Final = TRANSACTION_OUTCOMES_MAX
-# Records read per store call while scanning a system queue.
-SCAN_BATCH_MAX: Final = 64
-# Index candidates read when looking for a committed real message at start.
-REPAIR_CANDIDATES_MAX: Final = 8
-
 # Half messages remembered from their prepare until their END (~1.5 KB each with a 1 KiB body:
 # 6 MB), so an END that follows within a round trip, as almost all do, needs no record read and
 # decode; FIFO beyond it. Only this young, so retention cannot have removed the record.
@@ -95,60 +84,6 @@ RECENT_HALF_AGE_MAX_MS: Final = 10_000
 # lists the run's origins (far below OP_BODY_OFFSETS_MAX), and bounds one loop turn's work.
 END_RUN_MAX: Final = 1_024
 assert END_RUN_MAX <= hm.OP_BODY_OFFSETS_MAX
-
-_FOREVER_MS: Final = 2**62
-
-
-_OUTCOME_STATES: Final = {
-    hm.Outcome.COMMIT: TxState.COMMITTED,
-    hm.Outcome.ROLLBACK: TxState.ROLLED_BACK,
-    hm.Outcome.DISCARD: TxState.DISCARDED,
-}
-_OUTCOME_INPUTS: Final = {
-    hm.Outcome.COMMIT: TxInput.COMMIT,
-    hm.Outcome.ROLLBACK: TxInput.ROLLBACK,
-    hm.Outcome.DISCARD: TxInput.DISCARD,
-}
-
-
-def start_offset(store: FileMessageStore, offsets: ConsumerOffsetTable, topic: str) -> int:
-    """The CID_RMQ_SYS_TRANS offset of `topic` queue 0, clamped into the queue's range."""
-    committed = offsets.query(TRANS_CHECK_GROUP, topic, hm.HALF_QUEUE_ID)
-    low = store.min_offset(topic, hm.HALF_QUEUE_ID)
-    high = store.max_offset(topic, hm.HALF_QUEUE_ID)
-    return min(max(committed if committed is not None else low, low), high)
-
-
-def scan_records(
-    store: FileMessageStore, topic: str, start: int, end: int
-) -> Iterator[tuple[int, bytes]]:
-    """(queue offset, record) of `topic` queue 0 with start <= queue offset < end, in order, not
-    decoded. Records that fail their checks are skipped by the store (and logged there)."""
-    offset = start
-    while offset < end:
-        result = store.get_messages(topic, hm.HALF_QUEUE_ID, offset, SCAN_BATCH_MAX)
-        if result.status is GetStatus.OFFSET_TOO_SMALL or (
-            not result.records and result.next_begin_offset > offset
-        ):
-            offset = result.next_begin_offset
-            continue
-        if not result.records:
-            return
-        for data in result.records:
-            queue_offset = rec.queue_offset_at(data)
-            if queue_offset >= end:
-                return
-            yield queue_offset, data
-        offset = result.next_begin_offset
-
-
-def scan_queue(
-    store: FileMessageStore, topic: str, start: int, end: int
-) -> Iterator[rec.StoredMessage]:
-    """`scan_records`, decoded."""
-    for _queue_offset, data in scan_records(store, topic, start, end):
-        # The store serves only records whose whole-record CRC it checked.
-        yield rec.decode_record(data, verify_crc=False)
 
 
 @dataclass(slots=True)
@@ -401,13 +336,13 @@ class TransactionResolver:
         if stored:
             # A lost op message is logged; the ledger says COMMITTED now and the start-up repair
             # finds the real message, so the outcome survives a restart anyway.
-            self._put_op([answers[index].origin for index, _ in stored], hm.Outcome.COMMIT)
+            self.put_op([answers[index].origin for index, _ in stored], hm.Outcome.COMMIT)
             for index, put in stored:
                 state = ledger.apply(answers[index].origin, TxInput.COMMIT)
                 results[index] = EndResult(state, stored=put)
             self.stats.committed += len(stored)
         if rollbacks:
-            op = self._put_op([answers[index].origin for index in rollbacks], hm.Outcome.ROLLBACK)
+            op = self.put_op([answers[index].origin for index in rollbacks], hm.Outcome.ROLLBACK)
             for index in rollbacks:
                 if op.ok:
                     state = ledger.apply(answers[index].origin, TxInput.ROLLBACK)
@@ -432,7 +367,8 @@ class TransactionResolver:
             log.warning("committed message to %s delivered at once: %s", real.topic, exc)
             return real
 
-    def _put_op(self, origins: list[int], outcome: hm.Outcome) -> PutResult:
+    def put_op(self, origins: list[int], outcome: hm.Outcome) -> PutResult:
+        """Store the op message saying `outcome` for `origins`; a refusal is logged here."""
         op = hm.op_message(
             origins, outcome, store_host=self._store_host, now_ms=self._clock.now_ms()
         )
@@ -456,7 +392,7 @@ class TransactionResolver:
         if not parked.ok:
             log.error("could not discard transaction %d: %s", origin, parked.error)
             return False
-        self._put_op([origin], hm.Outcome.DISCARD)
+        self.put_op([origin], hm.Outcome.DISCARD)
         self.ledger.apply(origin, TxInput.DISCARD)
         self.stats.discarded += 1
         return True
@@ -482,72 +418,5 @@ class TransactionResolver:
     # -- start ---------------------------------------------------------------------------------
 
     def rebuild(self, offsets: ConsumerOffsetTable) -> None:
-        """Rebuild the ledger from the op and half queues (see the module docstring)."""
-        op_start = start_offset(self.store, offsets, hm.OP_TOPIC)
-        op_start = max(op_start - OUTCOMES_REPLAY_EXTRA, self.store.min_offset(hm.OP_TOPIC, 0))
-        op_end = self.store.max_offset(hm.OP_TOPIC, hm.HALF_QUEUE_ID)
-        outcomes = 0
-        for op in scan_queue(self.store, hm.OP_TOPIC, op_start, op_end):
-            try:
-                origins = hm.parse_op_body(op.body)
-                state = _OUTCOME_STATES[hm.outcome_of_op(op)]
-            except ProtocolError as exc:
-                log.warning("skipping op message at %d: %s", op.queue_offset, exc)
-                continue
-            for origin in origins:
-                self.ledger.remember(origin, state)
-                outcomes += 1
-        half_start = start_offset(self.store, offsets, hm.HALF_TOPIC)
-        half_end = self.store.max_offset(hm.HALF_TOPIC, hm.HALF_QUEUE_ID)
-        for half in scan_queue(self.store, hm.HALF_TOPIC, half_start, half_end):
-            origin = hm.origin_of(half)
-            if self.ledger.state(origin) is not None and self.ledger.pending(origin) is None:
-                continue
-            try:
-                state = TxState.CHECKING if hm.check_times_of(half) else TxState.PREPARED
-                self.ledger.track(pending_of(half, state))
-            except ProtocolError as exc:
-                log.warning("skipping malformed half message %d: %s", half.queue_offset, exc)
-        repaired = sum(self._repair(p) for p in self.ledger.pending_list())
-        log.info(
-            "transaction ledger rebuilt: %d outcomes from op offset %d, %d in flight from half "
-            "offset %d, %d commits repaired",
-            outcomes,
-            op_start,
-            self.ledger.in_flight,
-            half_start,
-            repaired,
-        )
-
-    def _repair(self, entry: PendingHalf) -> bool:
-        data = self.store.read_record(entry.physical_offset)
-        if data is None:
-            return False
-        half = rec.decode_record(data)
-        uniq = half.property_map().get(UNIQ_KEY)
-        if not uniq:
-            return False
-        # A committed message with a delay sits in a parking topic until due (then in the
-        # real topic): the index is per topic, so look in each place it can be.
-        parking = [t for t in self.store.topics_and_queues() if t.startswith(TIMER_TOPIC_PREFIX)]
-        for topic in (entry.real_topic, SCHEDULE_TOPIC_XXXX, *parking):
-            if self._repair_from(entry, topic, uniq):
-                return True
-        return False
-
-    def _repair_from(self, entry: PendingHalf, topic: str, uniq: str) -> bool:
-        for found in self.store.query_by_key(
-            topic, uniq, REPAIR_CANDIDATES_MAX, entry.first_store_ms, _FOREVER_MS
-        ):
-            real = rec.decode_record(found)
-            if SysFlag.transaction_type(real.sys_flag) != SysFlag.COMMIT:
-                continue
-            source = self.load_half(real.prepared_transaction_offset)
-            if source is not None and hm.origin_of(source) == entry.origin:
-                log.warning(
-                    "transaction %d was committed before a crash: op repaired", entry.origin
-                )
-                self._put_op([entry.origin], hm.Outcome.COMMIT)
-                self.ledger.apply(entry.origin, _OUTCOME_INPUTS[hm.Outcome.COMMIT])
-                return True
-        return False
+        """Rebuild the ledger from the op and half queues, and repair (rebuild.py)."""
+        rebuild_ledger(self, offsets)
