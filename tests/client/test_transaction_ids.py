@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tidemq.client.transaction import LocalTransactionState, commit_log_offset_of, end_fields
+from tidemq.client.transaction import LocalTransactionState, end_fields
 from tidemq.errors import ProtocolError
 from tidemq.protocol.headers import EndTransactionRequestHeader
 from tidemq.protocol.message import decode_offset_msg_id, offset_msg_id
+from tidemq.protocol.message_id import physical_offset_of
 
 
 @pytest.mark.parametrize(
@@ -26,13 +27,13 @@ from tidemq.protocol.message import decode_offset_msg_id, offset_msg_id
         "",
     ],
 )
-def test_commit_log_offset_agrees_with_decode_offset_msg_id(msg_id: str) -> None:
+def test_physical_offset_of_agrees_with_decode_offset_msg_id(msg_id: str) -> None:
     try:
         expected: int | str = decode_offset_msg_id(msg_id)[2]
     except (ProtocolError, ValueError) as exc:
         expected = f"{type(exc).__name__}: {exc}"
     try:
-        got: int | str = commit_log_offset_of(msg_id)
+        got: int | str = physical_offset_of(msg_id)
     except (ProtocolError, ValueError) as exc:
         got = f"{type(exc).__name__}: {exc}"
     assert got == expected

@@ -33,7 +33,6 @@ import dataclasses
 import enum
 import inspect
 import logging
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -47,6 +46,7 @@ from tidemq.protocol.headers import (
     CheckTransactionStateRequestHeader,
     EndTransactionRequestHeader,
 )
+from tidemq.protocol.message_id import physical_offset_of
 
 from .message import Message, MessageExt, SendResult, SendStatus
 from .producer import Producer
@@ -60,9 +60,6 @@ CHECK_WORKERS_DEFAULT: Final = 2
 CHECK_QUEUE_MAX_DEFAULT: Final = 2_000
 # The remark of an END_TRANSACTION carries at most this much of the local exception's text.
 END_REMARK_LENGTH_MAX: Final = 512
-# An offsetMsgId is hex of IPv4 (4 bytes) or IPv6 (16) + port (4) + commit-log offset (8).
-_OFFSET_MSG_ID_LENGTHS: Final = (32, 56)
-_COMMIT_LOG_OFFSET: Final = struct.Struct(">q")
 
 
 class LocalTransactionState(enum.Enum):
@@ -156,21 +153,6 @@ def state_of(
     if result is not None:
         logger.warning("%s of %s returned %r, not a LocalTransactionState", what, msg_id, result)
     return LocalTransactionState.UNKNOW, None
-
-
-def commit_log_offset_of(offset_msg_id: str) -> int:
-    """The commit-log offset in an offsetMsgId: `decode_offset_msg_id(...)[2]` without making the
-    host's text, which END_TRANSACTION does not need (anything unusual takes that function,
-    with its errors)."""
-    if len(offset_msg_id) in _OFFSET_MSG_ID_LENGTHS and offset_msg_id.isalnum():
-        try:
-            raw = bytes.fromhex(offset_msg_id)
-        except ValueError:
-            pass
-        else:
-            (offset,) = _COMMIT_LOG_OFFSET.unpack_from(raw, len(raw) - _COMMIT_LOG_OFFSET.size)
-            return int(offset)
-    return pm.decode_offset_msg_id(offset_msg_id)[2]
 
 
 def end_fields(
@@ -328,7 +310,7 @@ class TransactionProducer(Producer):
             fields = end_fields(
                 self.group,
                 send.queue_offset,
-                commit_log_offset_of(send.offset_msg_id),
+                physical_offset_of(send.offset_msg_id),
                 state.end_code,
                 half.msg_id,
                 send.transaction_id or half.msg_id,

@@ -83,6 +83,28 @@ def decode_offset_msg_id(msg_id: str) -> tuple[str, int, int]:
     return host, port, physical_offset
 
 
+_PHYSICAL_OFFSET: Final = struct.Struct(">q")
+
+
+def physical_offset_of(msg_id: str) -> int:
+    """`decode_offset_msg_id(msg_id)[2]` without making the host's text: the producer ends
+    every transaction with it (END_TRANSACTION's commitLogOffset). An id of the usual form is
+    read directly; anything else takes decode_offset_msg_id, with its errors.
+
+    Raises:
+        ProtocolError: as decode_offset_msg_id.
+    """
+    if len(msg_id) in (_OFFSET_MSG_ID_V4_LENGTH, _OFFSET_MSG_ID_V6_LENGTH) and msg_id.isalnum():
+        try:
+            raw = bytes.fromhex(msg_id)
+        except ValueError:
+            pass
+        else:
+            offset: int = _PHYSICAL_OFFSET.unpack_from(raw, len(raw) - _PHYSICAL_OFFSET.size)[0]
+            return offset
+    return decode_offset_msg_id(msg_id)[2]
+
+
 def _month_bounds_ms(now_ms: int) -> tuple[int, int]:
     """[start, end) of the UTC calendar month holding now_ms, in ms since the epoch."""
     now = datetime.fromtimestamp(now_ms / 1000, tz=UTC)
