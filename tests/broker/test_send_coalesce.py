@@ -15,10 +15,7 @@ from typing import Any
 
 import pytest
 from broker_harness import Harness, messages, running_broker
-from hypothesis import given
-from hypothesis import strategies as st
 
-from tidemq.broker.handlers.send_coalesce import send_response_fields, success_frame
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import (
     FLAG_ONEWAY,
@@ -31,14 +28,12 @@ from tidemq.protocol.headers import (
     DeleteTopicRequestHeader,
     EndTransactionRequestHeader,
     SendMessageRequestHeader,
-    SendMessageResponseHeader,
 )
 from tidemq.protocol.message import (
     BatchItem,
     decode_offset_msg_id,
     encode_batch,
     encode_properties,
-    offset_msg_id,
 )
 from tidemq.protocol.record import StoredMessage, decode_records
 from tidemq.remoting import TURN_BUDGET
@@ -296,32 +291,6 @@ async def test_sync_flush_timeout_answers_every_send_of_the_group(
         assert {r.code for r in got.values()} == {ResponseCode.FLUSH_DISK_TIMEOUT}
         assert [got[n].ext_fields["queueOffset"] for n in range(4)] == ["1", "2", "3", "4"]
         assert "not flushed within 100 ms" in (got[0].remark or "")
-
-
-def test_response_fields_match_the_header() -> None:
-    fields = send_response_fields("0A00000700002A9F0000000000000400", 3, 77)
-    header = SendMessageResponseHeader(
-        msg_id="0A00000700002A9F0000000000000400", queue_id=3, queue_offset=77
-    )
-    assert fields == header.to_fields()
-    assert list(fields) == list(header.to_fields())
-
-
-@given(
-    opaque=st.integers(min_value=-(2**31), max_value=2**31 - 1),
-    offset=st.integers(min_value=0, max_value=2**63 - 1),
-    queue_id=st.integers(min_value=0, max_value=2**31 - 1),
-    queue_offset=st.integers(min_value=0, max_value=2**63 - 1),
-    version=st.integers(min_value=0, max_value=500),
-)
-def test_success_frame_is_what_the_encoder_makes(
-    opaque: int, offset: int, queue_id: int, queue_offset: int, version: int
-) -> None:
-    request = RemotingCommand(code=RequestCode.SEND_MESSAGE_V2, opaque=opaque, version=version)
-    msg_id = offset_msg_id("10.0.0.7", 10911, offset)
-    fields = send_response_fields(msg_id, queue_id, queue_offset)
-    careful = encode(request.response(ResponseCode.SUCCESS, fields))
-    assert success_frame(opaque, msg_id, queue_id, queue_offset) == careful
 
 
 # -- transactional sends join the group as their half messages ----------------------------------

@@ -19,6 +19,11 @@ second int unmasked, so they must only ever see JSON (ser_type 0).
 extFields values arrive as JSON strings, numbers or booleans depending on the client; the decoder
 turns every scalar into its text form ("4", "true") so the typed headers parse one representation.
 Outbound values are always strings, because the C++ client ignores fields that are not.
+
+`encode_send_success` encodes a SUCCESS send answer to a JSON request from a template of what
+`encode_parts` writes for `headers_send.send_response_fields`, made at import: the coalescer
+answers every plain send with it; the send handler's other answers (batches, delayed sends) are
+commands of the same fields, encoded by `encode_parts`.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import orjson
 
 from tidemq.errors import ProtocolError
 from tidemq.limits import FRAME_HEADER_SIZE_MAX, FRAME_SIZE_MAX
-from tidemq.protocol.codes import VERSION_CURRENT, LanguageCode
+from tidemq.protocol.codes import VERSION_CURRENT, LanguageCode, ResponseCode
+from tidemq.protocol.headers_send import send_response_fields
 
 FLAG_RESPONSE: Final = 0x1
 FLAG_ONEWAY: Final = 0x2
@@ -137,6 +143,40 @@ def _encode_json_header(command: RemotingCommand) -> bytes:
     if command.remark is not None:
         header["remark"] = command.remark
     return orjson.dumps(header)
+
+
+# -- the SUCCESS answer to a send, from a template (one per coalesced send) -------------------
+
+
+def _send_success_template() -> str:
+    """The JSON header of a SUCCESS send answer as `encode_parts` writes it, with %s/%d where the
+    message id, queue id, queue offset and opaque go (in that order)."""
+    markers = ("@msgId@", "@queueId@", "@queueOffset@", "2147483646")
+    request = RemotingCommand(code=0, opaque=int(markers[3]))
+    fields = send_response_fields(markers[0], 0, 0)
+    fields.update(queueId=markers[1], queueOffset=markers[2])
+    head, _ = encode_parts(request.response(ResponseCode.SUCCESS, fields))
+    text = head[_LENGTHS.size :].decode().replace("%", "%%")
+    positions = [text.index(marker) for marker in markers]
+    assert positions == sorted(positions), "the template's order changed"
+    assert all(text.count(marker) == 1 for marker in markers)
+    for marker, spec in zip(markers, ("%s", "%d", "%d", "%d"), strict=True):
+        text = text.replace(marker, spec)
+    return text
+
+
+_SEND_SUCCESS_HEADER: Final = _send_success_template()
+
+
+def encode_send_success(opaque: int, msg_id: str, queue_id: int, queue_offset: int) -> bytes:
+    """The whole frame of a SUCCESS answer to a JSON send request with `opaque`: what
+    `encode(request.response(ResponseCode.SUCCESS, send_response_fields(msg_id, queue_id,
+    queue_offset)))` makes, byte for byte, from a template (encoding the command costs several
+    times more than the rest of a coalesced send's way out). JSON only: a request in the binary
+    serialisation is answered in it, through `encode_parts`.
+    """
+    header = (_SEND_SUCCESS_HEADER % (msg_id, queue_id, queue_offset, opaque)).encode()
+    return _LENGTHS.pack(4 + len(header), len(header)) + header
 
 
 def _encode_binary_header(command: RemotingCommand) -> bytes:

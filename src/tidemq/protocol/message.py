@@ -68,7 +68,6 @@ from tidemq.protocol.names import (
     validate_group,
     validate_topic,
 )
-from tidemq.protocol.record import CRC_PROPERTY
 
 __all__ = [
     "ARRIVE_TIME",
@@ -139,12 +138,15 @@ __all__ = [
     "TagFilter",
     "TopicSysFlag",
     "UniqueKeyGenerator",
+    "add_properties",
+    "append_property",
     "decode_batch",
     "decode_batch_raw",
     "decode_offset_msg_id",
     "decode_properties",
     "deflate",
     "dlq_topic",
+    "edit_properties",
     "encode_batch",
     "encode_properties",
     "group_of_retry_topic",
@@ -157,8 +159,12 @@ __all__ = [
     "offset_msg_id",
     "offset_msg_ids",
     "parse_tag_expression",
+    "properties_are_canonical",
+    "remove_canonical_property",
     "retry_topic",
+    "strip_property",
     "tag_code",
+    "terminated_without",
     "validate_group",
     "validate_topic",
 ]
@@ -208,8 +214,8 @@ PUSH_REPLY_TIME: Final = "PUSH_REPLY_TIME"
 CLUSTER: Final = "CLUSTER"  # added by the broker on store
 MSG_TYPE: Final = "MSG_TYPE"
 SHARDING_KEY: Final = "__SHARDINGKEY"
-# TideMQ's whole-record CRC property, defined with the record layout it belongs to.
-CRC32_PROPERTY: Final = CRC_PROPERTY
+# TideMQ's whole-record CRC property: the stored record (protocol/record.py) ends with it.
+CRC32_PROPERTY: Final = "__CRC32#"
 
 NAME_VALUE_SEPARATOR: Final = "\x01"
 PROPERTY_SEPARATOR: Final = "\x02"
@@ -248,6 +254,113 @@ def decode_properties(text: str) -> dict[str, str]:
         if separator and key and value:
             props[key] = value
     return props
+
+
+# ---------------------------------------------------------------------------------------------
+# -- property-string operations (fast paths)
+#
+# A message's properties travel and are stored as the string; what a handler or the store
+# changes in them (drop WAIT, add CLUSTER, ...) is done here. The careful way edits the map and
+# re-encodes it; when the string is canonical (what encoding its own map gives back) the same
+# result comes by string operations alone, byte for byte. `props` is always
+# decode_properties(text), passed in because the caller decoded it already, and is kept equal to
+# the result's map.
+
+
+def properties_are_canonical(text: str, props: Mapping[str, str]) -> bool:
+    """Whether `text` is encode_properties(props) (`props` = decode_properties(text)): every
+    fragment one distinct `key\x01value\x02` with a non-empty key and value, nothing else."""
+    n = len(props)
+    return (
+        not text or (text[-1] == PROPERTY_SEPARATOR and text.count(PROPERTY_SEPARATOR) == n)
+    ) and text.count(NAME_VALUE_SEPARATOR) == n
+
+
+def remove_canonical_property(text: str, props: dict[str, str], key: str) -> str:
+    """Canonical `text` without the property `key` (popped from `props` too); as it was when
+    `key` is absent."""
+    value = props.pop(key, None)
+    if value is None:
+        return text
+    fragment = f"{key}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}"
+    if text.startswith(fragment):
+        return text[len(fragment) :]
+    # Behind a separator: a fragment of a longer key ("xWAIT") or of a value never matches.
+    return text.replace(PROPERTY_SEPARATOR + fragment, PROPERTY_SEPARATOR, 1)
+
+
+def edit_properties(
+    text: str,
+    props: dict[str, str],
+    remove: str,
+    add: Mapping[str, str],
+    add_text: str | None = None,
+) -> str:
+    """`text` with the property `remove` dropped and then `add` set, as encode_properties of the
+    edited map gives it; `props` is edited to match. `add_text` is encode_properties(add), when
+    the caller holds it.
+
+    By string operations when `text` is canonical and has no key of `add` (what every client
+    sends); else the careful way.
+
+    Raises:
+        ProtocolError: as encode_properties, for a key or value of `add` it cannot encode.
+    """
+    if properties_are_canonical(text, props) and add.keys().isdisjoint(props):
+        text = remove_canonical_property(text, props, remove)
+        props.update(add)
+        return text + (encode_properties(add) if add_text is None else add_text)
+    props.pop(remove, None)
+    props.update(add)
+    return encode_properties(props)
+
+
+def add_properties(text: str, props: dict[str, str], add: Mapping[str, str]) -> str:
+    """`text` with `add` set, as encode_properties of the updated map gives it; `props` is
+    updated to match. By concatenation when `text` is canonical and has no key of `add`.
+
+    Raises:
+        ProtocolError: as encode_properties, for a key or value of `add` it cannot encode.
+    """
+    if properties_are_canonical(text, props) and add.keys().isdisjoint(props):
+        props.update(add)
+        return text + encode_properties(add)
+    props.update(add)
+    return encode_properties(props)
+
+
+# The operations below work on any properties string, canonical or not, and keep every other
+# fragment as it is (the stored record keeps what the client sent, byte for byte).
+
+
+def append_property(text: str, key: str, value: str) -> str:
+    """`text` followed by the pair `key`=`value` (on decoding it wins over an earlier `key`)."""
+    if text and text[-1] != PROPERTY_SEPARATOR:
+        text += PROPERTY_SEPARATOR
+    return f"{text}{key}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}"
+
+
+def terminated_without(text: str, key: str) -> str:
+    """`strip_property(text, key)`, separator-terminated (unless empty): what a writer appends
+    its own `key` pair to. The usual case, `key` absent and `text` terminated, costs one test."""
+    if key in text:
+        return strip_property(text, key)  # rebuilt, so terminated
+    if text and text[-1] != PROPERTY_SEPARATOR:
+        return text + PROPERTY_SEPARATOR
+    return text
+
+
+def strip_property(text: str, key: str) -> str:
+    """`text` without any pair named `key`; as it was when `key` does not occur in it, else
+    rebuilt from its non-empty fragments, each separator-terminated."""
+    if key not in text:
+        return text
+    prefix = key + NAME_VALUE_SEPARATOR
+    return "".join(
+        fragment + PROPERTY_SEPARATOR
+        for fragment in text.split(PROPERTY_SEPARATOR)
+        if fragment and not fragment.startswith(prefix)
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ sends of a turn is the batch path's cost, and one flush callback replaces a task
 loop turn bounds the wait: put_pending runs before the loop polls for more input, so a lone send
 waits one callback, not a timer.
 
-A SUCCESS answer to a JSON request is made from a template (`success_frame`), the bytes the
-frame encoder makes for it (derived from it at import, held equal by a test): an answer built
-as a command and encoded costs several times more than the rest of its way out.
+A SUCCESS answer to a JSON request is made from a template (`protocol.frame.encode_send_success`,
+the bytes the frame encoder makes for it, derived from it at import): an answer built as a
+command and encoded costs several times more than the rest of its way out.
 
 What stays per send: the request hook (it runs before the handler, so ACL sees every request
 before the store), every check (permission, topic, size: a refusal answers that request only),
@@ -35,15 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 from tidemq.broker.flush import FlushService
 from tidemq.broker.handlers.common import PUT_STATUS_CODES, BrokerAddress, refuse
 from tidemq.protocol.codes import ResponseCode
-from tidemq.protocol.frame import RemotingCommand, SerializeType, encode_parts
-from tidemq.protocol.headers_send import MSG_REGION_DEFAULT, TRACE_ON_DEFAULT
+from tidemq.protocol.frame import RemotingCommand, SerializeType, encode_send_success
+from tidemq.protocol.headers_send import send_response_fields
 from tidemq.protocol.message import offset_msg_ids
 from tidemq.remoting.connection import Connection
 from tidemq.store.message_store import FileMessageStore
@@ -67,48 +66,6 @@ _Pending = tuple[Connection, RemotingCommand, MessageToStore, Substitute | None]
 # A send stored and waiting for its flush: its connection, its request, and for its response
 # header its offsetMsgId, queue id and queue offset.
 _Stored = tuple[Connection, RemotingCommand, str, int, int]
-
-_LENGTHS: Final = struct.Struct(">II")  # the frame's total length, serialisation type + length
-
-
-def send_response_fields(msg_id: str, queue_id: int, queue_offset: int) -> dict[str, str]:
-    """`SendMessageResponseHeader(msg_id=..., queue_id=..., queue_offset=...).to_fields()`,
-    built without the header object (one per send; tests hold the two equal)."""
-    return {
-        "msgId": msg_id,
-        "queueId": str(queue_id),
-        "queueOffset": str(queue_offset),
-        "MSG_REGION": MSG_REGION_DEFAULT,
-        "TRACE_ON": TRACE_ON_DEFAULT,
-    }
-
-
-def _success_template() -> str:
-    """The JSON header of a SUCCESS send response as the frame encoder writes it, with %s/%d
-    where the message id, queue id, queue offset and opaque go (in that order)."""
-    markers = ("@msgId@", "@queueId@", "@queueOffset@", "2147483646")
-    request = RemotingCommand(code=0, opaque=int(markers[3]))
-    fields = send_response_fields(markers[0], 0, 0)
-    fields.update(queueId=markers[1], queueOffset=markers[2])
-    response = request.response(ResponseCode.SUCCESS, fields)
-    head, _ = encode_parts(response)
-    text = head[_LENGTHS.size :].decode().replace("%", "%%")
-    positions = [text.index(marker) for marker in markers]
-    assert positions == sorted(positions), "the template's order changed"
-    assert all(text.count(marker) == 1 for marker in markers)
-    for marker, spec in zip(markers, ("%s", "%d", "%d", "%d"), strict=True):
-        text = text.replace(marker, spec)
-    return text
-
-
-_SUCCESS_HEADER: Final = _success_template()
-
-
-def success_frame(opaque: int, msg_id: str, queue_id: int, queue_offset: int) -> bytes:
-    """The whole frame of a SUCCESS answer to a JSON send request: `encode(request.response(
-    ResponseCode.SUCCESS, send_response_fields(msg_id, queue_id, queue_offset)))`."""
-    header = (_SUCCESS_HEADER % (msg_id, queue_id, queue_offset, opaque)).encode()
-    return _LENGTHS.pack(4 + len(header), len(header)) + header
 
 
 def store_refusal(topic: str, result: PutResult) -> tuple[int, str]:
@@ -225,7 +182,7 @@ class SendCoalescer:
             json = SerializeType.JSON
             for connection, request, msg_id, queue_id, queue_offset in stored:
                 if request.serialize_type is json:
-                    frame = success_frame(request.opaque, msg_id, queue_id, queue_offset)
+                    frame = encode_send_success(request.opaque, msg_id, queue_id, queue_offset)
                     connection.respond_frame(request, frame)
                 else:
                     fields = send_response_fields(msg_id, queue_id, queue_offset)
