@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tidemq.client.transaction import LocalTransactionState, end_fields
+from tidemq.client.transaction import LocalTransactionState
 from tidemq.errors import ProtocolError
-from tidemq.protocol.headers import EndTransactionRequestHeader
+from tidemq.protocol.headers import EndTransactionRequestHeader, end_transaction_fields
 from tidemq.protocol.message import decode_offset_msg_id, offset_msg_id
 from tidemq.protocol.message_id import physical_offset_of
 
@@ -48,7 +48,7 @@ def test_physical_offset_of_agrees_with_decode_offset_msg_id(msg_id: str) -> Non
         (-1, 5, "", ""),
     ],
 )
-def test_end_fields_agree_with_the_header(
+def test_end_transaction_fields_round_trip_through_the_header(
     state: LocalTransactionState,
     queue_offset: int,
     commit_log_offset: int,
@@ -64,7 +64,7 @@ def test_end_fields_agree_with_the_header(
         msg_id=msg_id,
         transaction_id=transaction_id,
     )
-    fields = end_fields(
+    fields = end_transaction_fields(
         "grp", queue_offset, commit_log_offset, state.end_code, msg_id, transaction_id
     )
     assert fields == header.to_fields()

@@ -34,7 +34,7 @@ from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.protocol.headers import PLAIN_DIGITS_MAX, SendMessageResponseHeader, send_fields_v2
+from tidemq.protocol.headers import parse_send_response, send_fields_v2
 from tidemq.remoting.connection import Connection
 
 from .message import Message, SendResult, SendStatus
@@ -256,31 +256,7 @@ def send_result(
     status = _STATUS_BY_CODE.get(response.code)
     if status is None:
         raise error_for_code(response.code, response.remark)
-    fields = response.ext_fields
-    msg_id, queue_id_text, offset_text = (
-        fields.get("msgId"),
-        fields.get("queueId"),
-        fields.get("queueOffset"),
-    )
-    # One answer per send: the plain form every broker writes (ASCII digits, at most 9 and
-    # PLAIN_DIGITS_MAX of them, so within int32 and int64) is read here; anything else goes to
-    # the header's parser.
-    if (
-        msg_id is not None
-        and queue_id_text is not None
-        and offset_text is not None
-        and 0 < len(queue_id_text) <= 9
-        and 0 < len(offset_text) <= PLAIN_DIGITS_MAX
-        and queue_id_text.isdigit()
-        and offset_text.isdigit()
-        and (queue_id_text + offset_text).isascii()
-    ):
-        queue_id, queue_offset = int(queue_id_text), int(offset_text)
-        transaction_id = fields.get("transactionId")
-    else:
-        header = SendMessageResponseHeader.from_fields(fields)
-        msg_id, queue_id, queue_offset = header.msg_id, header.queue_id, header.queue_offset
-        transaction_id = header.transaction_id
+    msg_id, queue_id, queue_offset, transaction_id = parse_send_response(response.ext_fields)
     if queue_id != queue.queue_id or queue.topic != topic:
         queue = MessageQueue(topic=topic, broker_name=queue.broker_name, queue_id=queue_id)
     return SendResult(status, uniq_key, msg_id, queue, queue_offset, transaction_id)

@@ -45,6 +45,7 @@ from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
     CheckTransactionStateRequestHeader,
     EndTransactionRequestHeader,
+    end_transaction_fields,
 )
 from tidemq.protocol.message_id import physical_offset_of
 
@@ -153,28 +154,6 @@ def state_of(
     if result is not None:
         logger.warning("%s of %s returned %r, not a LocalTransactionState", what, msg_id, result)
     return LocalTransactionState.UNKNOW, None
-
-
-def end_fields(
-    group: str,
-    queue_offset: int,
-    commit_log_offset: int,
-    end_code: int,
-    msg_id: str,
-    transaction_id: str,
-) -> dict[str, str]:
-    """The extFields of a producer's END_TRANSACTION (not from a check): what
-    `EndTransactionRequestHeader(...).to_fields()` gives for them, built directly (one per
-    transaction; tests compare the two)."""
-    return {
-        "producerGroup": group,
-        "tranStateTableOffset": str(queue_offset),
-        "commitLogOffset": str(commit_log_offset),
-        "commitOrRollback": str(end_code),
-        "fromTransactionCheck": "false",
-        "msgId": msg_id,
-        "transactionId": transaction_id,
-    }
 
 
 class TransactionProducer(Producer):
@@ -307,7 +286,7 @@ class TransactionProducer(Producer):
         if send is None:
             return result
         try:
-            fields = end_fields(
+            fields = end_transaction_fields(
                 self.group,
                 send.queue_offset,
                 physical_offset_of(send.offset_msg_id),

@@ -67,15 +67,19 @@ from tidemq.protocol.headers_send import (
     DEFAULT_TOPIC,
     DEFAULT_TOPIC_QUEUE_NUMS,
     MSG_REGION_DEFAULT,
-    CheckTransactionStateRequestHeader,
-    EndBatchRequestHeader,
-    EndTransactionRequestHeader,
     PullMessageRequestHeader,
     PullMessageResponseHeader,
     PullSysFlag,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
+    parse_send_response,
     send_fields_v2,
+)
+from tidemq.protocol.headers_tx import (
+    CheckTransactionStateRequestHeader,
+    EndBatchRequestHeader,
+    EndTransactionRequestHeader,
+    end_transaction_fields,
 )
 
 __all__ = [
@@ -132,5 +136,7 @@ __all__ = [
     "ViewMessageRequestHeader",
     "WipeWritePermOfBrokerRequestHeader",
     "WipeWritePermOfBrokerResponseHeader",
+    "end_transaction_fields",
+    "parse_send_response",
     "send_fields_v2",
 ]

@@ -1,4 +1,4 @@
-"""Typed headers of sending, pulling and transactions (remoting.md §4.1, §4.2, §4.11).
+"""Typed headers of sending and pulling (remoting.md §4.1, §4.2; transactions: headers_tx.py).
 
 Conventions for every header module (`headers` re-exports them all): a frozen dataclass per header
 with snake_case fields; `to_fields()` renders the wire's extFields map (every value a string, None
@@ -24,7 +24,6 @@ from typing import Final, Self
 
 from tidemq.limits import PULL_SUSPEND_MS_DEFAULT
 from tidemq.protocol._fields import (
-    PLAIN_BOOLS,
     PLAIN_DIGITS_MAX,
     FieldReader,
     parse_plain_int,
@@ -295,27 +294,39 @@ class SendMessageResponseHeader:
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> Self:
-        msg_id, queue_id_text, offset_text = (
-            fields.get("msgId"),
-            fields.get("queueId"),
-            fields.get("queueOffset"),
-        )
-        if msg_id is not None and queue_id_text is not None and offset_text is not None:
-            queue_id, queue_offset = parse_plain_int(queue_id_text), parse_plain_int(offset_text)
-            if queue_id is not None and queue_offset is not None:  # the hot path: one per send
-                return cls(
-                    msg_id=msg_id,
-                    queue_id=queue_id,
-                    queue_offset=queue_offset,
-                    transaction_id=fields.get("transactionId"),
-                )
-        r = FieldReader(cls.__name__, fields)
+        msg_id, queue_id, queue_offset, transaction_id = parse_send_response(fields)
         return cls(
-            msg_id=r.req_str("msgId"),
-            queue_id=r.req_int("queueId"),
-            queue_offset=r.req_int("queueOffset"),
-            transaction_id=r.opt_str("transactionId"),
+            msg_id=msg_id,
+            queue_id=queue_id,
+            queue_offset=queue_offset,
+            transaction_id=transaction_id,
         )
+
+
+def parse_send_response(fields: Mapping[str, str]) -> tuple[str, int, int, str | None]:
+    """(msgId, queueId, queueOffset, transactionId) of a send's answer, without the header
+    object (the producer reads one per send): the plain form every broker writes is read
+    directly; anything else takes the careful reader, which names the bad field.
+
+    Raises:
+        ProtocolError: a field is missing or malformed.
+    """
+    msg_id, queue_id_text, offset_text = (
+        fields.get("msgId"),
+        fields.get("queueId"),
+        fields.get("queueOffset"),
+    )
+    if msg_id is not None and queue_id_text is not None and offset_text is not None:
+        queue_id, queue_offset = parse_plain_int(queue_id_text), parse_plain_int(offset_text)
+        if queue_id is not None and queue_offset is not None:
+            return msg_id, queue_id, queue_offset, fields.get("transactionId")
+    r = FieldReader(SendMessageResponseHeader.__name__, fields)
+    return (
+        r.req_str("msgId"),
+        r.req_int("queueId"),
+        r.req_int("queueOffset"),
+        r.opt_str("transactionId"),
+    )
 
 
 def send_response_fields(
@@ -426,139 +437,3 @@ class PullMessageResponseHeader:
 
 # ---------------------------------------------------------------------------------------------
 # Transactions (37, 39): §4.11
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EndTransactionRequestHeader:
-    """commit_or_rollback holds the sysFlag transaction value: 0 NOT, 8 COMMIT, 12 ROLLBACK."""
-
-    producer_group: str
-    tran_state_table_offset: int
-    commit_log_offset: int
-    commit_or_rollback: int
-    from_transaction_check: bool = False
-    msg_id: str
-    transaction_id: str | None = None
-
-    def to_fields(self) -> dict[str, str]:
-        return render(
-            {
-                "producerGroup": self.producer_group,
-                "tranStateTableOffset": self.tran_state_table_offset,
-                "commitLogOffset": self.commit_log_offset,
-                "commitOrRollback": self.commit_or_rollback,
-                "fromTransactionCheck": self.from_transaction_check,
-                "msgId": self.msg_id,
-                "transactionId": self.transaction_id,
-            }
-        )
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[str, str]) -> Self:
-        get = fields.get
-        group, msg_id = get("producerGroup"), get("msgId")
-        table, offset, action = (
-            get("tranStateTableOffset"),
-            get("commitLogOffset"),
-            get("commitOrRollback"),
-        )
-        from_check = PLAIN_BOOLS.get(get("fromTransactionCheck") or "false")
-        if (  # the hot path (one per transaction): what every client sends
-            group is not None
-            and msg_id is not None
-            and from_check is not None
-            and table is not None
-            and offset is not None
-            and action is not None
-            and (table_offset := parse_plain_int(table)) is not None
-            and (log_offset := parse_plain_int(offset)) is not None
-            and (outcome := parse_plain_int(action)) is not None
-        ):
-            return cls(
-                producer_group=group,
-                tran_state_table_offset=table_offset,
-                commit_log_offset=log_offset,
-                commit_or_rollback=outcome,
-                from_transaction_check=from_check,
-                msg_id=msg_id,
-                transaction_id=get("transactionId") or None,
-            )
-        return cls._from_fields_careful(fields)
-
-    @classmethod
-    def _from_fields_careful(cls, fields: Mapping[str, str]) -> Self:
-        """Any spelling FieldReader accepts; names the field that is wrong."""
-        r = FieldReader(cls.__name__, fields)
-        return cls(
-            producer_group=r.req_str("producerGroup"),
-            tran_state_table_offset=r.req_int("tranStateTableOffset"),
-            commit_log_offset=r.req_int("commitLogOffset"),
-            commit_or_rollback=r.req_int("commitOrRollback"),
-            from_transaction_check=r.bool_or("fromTransactionCheck", False),
-            msg_id=r.req_str("msgId"),
-            transaction_id=r.opt_str_nonempty("transactionId"),
-        )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EndBatchRequestHeader:
-    """TIDEMQ_END_BATCH (TideMQ-private): end every half message of one sink batch.
-
-    commit_or_rollback holds the sysFlag transaction value as END_TRANSACTION's does: 8 COMMIT,
-    12 ROLLBACK. The body is JSON `{"txns": ["<partition>/<attempt>", ...]}`.
-    """
-
-    sink_id: str
-    batch_id: int
-    commit_or_rollback: int
-
-    def to_fields(self) -> dict[str, str]:
-        return render(
-            {
-                "sinkId": self.sink_id,
-                "batchId": self.batch_id,
-                "commitOrRollback": self.commit_or_rollback,
-            }
-        )
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[str, str]) -> Self:
-        r = FieldReader(cls.__name__, fields)
-        return cls(
-            sink_id=r.req_str("sinkId"),
-            batch_id=r.req_int("batchId"),
-            commit_or_rollback=r.req_int("commitOrRollback"),
-        )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckTransactionStateRequestHeader:
-    """Broker → producer (oneway); the offsets are those of the half message's check copy."""
-
-    tran_state_table_offset: int
-    commit_log_offset: int
-    msg_id: str | None = None
-    transaction_id: str | None = None
-    offset_msg_id: str | None = None
-
-    def to_fields(self) -> dict[str, str]:
-        return render(
-            {
-                "tranStateTableOffset": self.tran_state_table_offset,
-                "commitLogOffset": self.commit_log_offset,
-                "msgId": self.msg_id,
-                "transactionId": self.transaction_id,
-                "offsetMsgId": self.offset_msg_id,
-            }
-        )
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[str, str]) -> Self:
-        r = FieldReader(cls.__name__, fields)
-        return cls(
-            tran_state_table_offset=r.req_int("tranStateTableOffset"),
-            commit_log_offset=r.req_int("commitLogOffset"),
-            msg_id=r.opt_str("msgId"),
-            transaction_id=r.opt_str("transactionId"),
-            offset_msg_id=r.opt_str("offsetMsgId"),
-        )
