@@ -61,6 +61,9 @@ class Substitute(NamedTuple):
     stored: Callable[[MessageToStore, PutResult], None]
 
 
+# Both are plain tuples, always unpacked into named locals, never indexed: one of each is made per
+# send, and building a NamedTuple measured ~0.25-0.5 us against ~0.06 us for a tuple display
+# (2-4 % of the broker's ~17 us per pipelined send).
 # A pending send: its connection, its request, its message, and its Substitute if stored as one.
 _Pending = tuple[Connection, RemotingCommand, MessageToStore, Substitute | None]
 # A send stored and waiting for its flush: its connection, its request, and for its response
@@ -126,7 +129,7 @@ class SendCoalescer:
             return
         address = self._address
         try:
-            results = self._store.put_each([p[2] for p in pending])
+            results = self._store.put_each([message for _conn, _req, message, _sub in pending])
             ok = [r for r in results if r.ok]
             msg_ids = offset_msg_ids(address.host, address.port, [r.physical_offset for r in ok])
         except Exception as exc:
