@@ -236,23 +236,27 @@ i32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 i64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
 
+# encode_record's arguments, any values their fields hold.
+record_fields = {
+    "topic": st.text(alphabet="abcXYZ019_-%|", min_size=1, max_size=127),
+    "queue_id": i32,
+    "body": st.binary(max_size=300),
+    "flag": i32,
+    "properties": props_text,
+    "sys_flag": st.integers(min_value=0, max_value=0xF).map(lambda f: f & ~0x30),
+    "born_timestamp": i64,
+    "born_host": hosts,
+    "store_timestamp": i64,
+    "store_host": hosts,
+    "reconsume_times": i32,
+    "prepared_transaction_offset": i64,
+    "queue_offset": i64,
+    "physical_offset": i64,
+}
+
+
 @settings(max_examples=200, deadline=None)
-@given(
-    topic=st.text(alphabet="abcXYZ019_-%|", min_size=1, max_size=127),
-    queue_id=i32,
-    body=st.binary(max_size=300),
-    flag=i32,
-    properties=props_text,
-    sys_flag=st.integers(min_value=0, max_value=0xF).map(lambda f: f & ~0x30),
-    born_timestamp=i64,
-    born_host=hosts,
-    store_timestamp=i64,
-    store_host=hosts,
-    reconsume_times=i32,
-    prepared_transaction_offset=i64,
-    queue_offset=i64,
-    physical_offset=i64,
-)
+@given(**record_fields)
 def test_hypothesis_round_trip(**fields: object) -> None:
     data = rec.encode_record(**fields)  # type: ignore[arg-type]
     m = rec.decode_record(data, require_crc=True)
@@ -266,3 +270,81 @@ def test_hypothesis_round_trip(**fields: object) -> None:
     pm.pop(rec.CRC_PROPERTY)
     expected = dict(f.split("\x01", 1) for f in str(fields["properties"]).split("\x02") if f)
     assert pm == expected
+
+
+def layout_spelled_out(**f: object) -> bytes:
+    """The record of `f` (encode_record's arguments) built field by field from the layout in
+    protocol/record.py's docstring, independently of the encoder: the expected bytes."""
+    body, text = f["body"], str(f["properties"])
+    assert isinstance(body, bytes)
+    if "__CRC32#" in text:  # the encoder drops an incoming CRC pair and writes a fresh one
+        text = "".join(
+            x + "\x02" for x in text.split("\x02") if x and not x.startswith("__CRC32#\x01")
+        )
+    if text and not text.endswith("\x02"):
+        text += "\x02"
+    t, p = str(f["topic"]).encode(), text.encode() + b"__CRC32#\x01"
+    born_ip, born_port = f["born_host"]  # type: ignore[misc]
+    store_ip, store_port = f["store_host"]  # type: ignore[misc]
+    record = (
+        struct.pack(">iIiii", 91 + len(body) + len(t) + len(p) + 10, 0xDAA320A7, 0, 0, 0)
+        + struct.pack(
+            ">qqiq", f["queue_offset"], f["physical_offset"], f["sys_flag"], f["born_timestamp"]
+        )
+        + bytes(int(part) for part in born_ip.split("."))
+        + struct.pack(">iq", born_port, f["store_timestamp"])
+        + bytes(int(part) for part in store_ip.split("."))
+        + struct.pack(
+            ">iiqi", store_port, f["reconsume_times"], f["prepared_transaction_offset"], len(body)
+        )
+        + body
+        + struct.pack(">b", len(t))
+        + t
+        + struct.pack(">h", len(p) + 10)
+        + p
+    )
+    fixed = bytearray(record)
+    struct.pack_into(">iii", fixed, 8, zlib.crc32(body) & 0x7FFFFFFF, f["queue_id"], f["flag"])
+    return bytes(fixed) + b"%010d" % zlib.crc32(fixed)
+
+
+# Properties as clients send them, without the trailing separator, or with a stale CRC pair.
+any_props_text = st.one_of(
+    props_text,
+    props_text.map(lambda t: t.rstrip("\x02")),
+    props_text.map(lambda t: f"__CRC32#\x010123456789\x02{t}"),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(**{**record_fields, "properties": any_props_text})
+def test_encoder_bytes_are_the_layout_spelled_out(**fields: object) -> None:
+    assert rec.encode_record(**fields) == layout_spelled_out(**fields)  # type: ignore[arg-type]
+
+
+def test_prepared_record_sizes_before_it_encodes() -> None:
+    """The store's path: prepared once (size known for segment fit), encoded with offsets."""
+
+    class Fields:  # what the store passes: any object with the RecordFields attributes
+        body = BASE["body"]
+        queue_id = BASE["queue_id"]
+        flag = BASE["flag"]
+        sys_flag = BASE["sys_flag"]
+        born_timestamp = BASE["born_timestamp"]
+        born_host = BASE["born_host"]
+        store_host = BASE["store_host"]
+        reconsume_times = BASE["reconsume_times"]
+        prepared_transaction_offset = BASE["prepared_transaction_offset"]
+
+    topic = rec.topic_part("TopicA")
+    assert topic == b"\x06TopicA"
+    prepared = rec.PreparedRecord(Fields(), topic, str(BASE["properties"]))  # type: ignore[arg-type]
+    pieces = prepared.encode(42, 4096, 1_700_000_000_456)
+    assert len(pieces) == 4
+    assert len(pieces[-1]) == rec.CRC_DIGITS_LEN
+    assert b"".join(pieces) == layout_spelled_out(**BASE)
+    assert prepared.size == len(b"".join(pieces))
+    with pytest.raises(MessageTooLargeError):
+        rec.PreparedRecord(Fields(), topic, "k\x01" + "v" * 32_760)  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match=r"outside 1\.\.127"):
+        rec.topic_part("t" * 128)

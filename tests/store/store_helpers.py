@@ -62,28 +62,44 @@ def message(
     return msg
 
 
-def careful_record(
-    msg: MessageToStore, result: PutResult, queue_offset: int, properties: str | None = None
+def stored_as(
+    record: bytes,
+    msg: MessageToStore,
+    result: PutResult,
+    queue_offset: int,
+    properties: str | None = None,
 ) -> bytes:
-    """The record the careful encoder (`protocol.record.encode_record`, one record at a time)
-    makes of `msg` stored as `result` says, at `queue_offset`: the reference the put paths'
-    bytes are compared with. `properties` replaces the message's own (a stored extra)."""
-    return rec.encode_record(
-        topic=msg.topic,
-        queue_id=msg.queue_id,
-        body=msg.body,
-        flag=msg.flag,
-        properties=msg.properties if properties is None else properties,
-        sys_flag=msg.sys_flag,
-        born_timestamp=msg.born_timestamp,
-        born_host=msg.born_host,
-        store_timestamp=result.store_timestamp,
-        store_host=msg.store_host,
-        reconsume_times=msg.reconsume_times,
-        prepared_transaction_offset=0,
-        queue_offset=queue_offset,
-        physical_offset=result.physical_offset,
+    """Assert that `record` is `msg` stored as `result` says, at `queue_offset`: it decodes
+    (whole-record CRC required) to the message's fields, and its properties are the message's
+    (or `properties`, a stored extra), separator-terminated, then the CRC pair. Returns `record`.
+    The exact bytes of a record are pinned in tests/protocol/test_record.py."""
+    m = rec.decode_record(record, require_crc=True)
+    assert (m.topic, m.queue_id, m.body, m.flag, m.sys_flag, m.reconsume_times) == (
+        msg.topic,
+        msg.queue_id,
+        msg.body,
+        msg.flag,
+        msg.sys_flag,
+        msg.reconsume_times,
     )
+    assert (m.born_timestamp, m.born_host, m.store_host, m.prepared_transaction_offset) == (
+        msg.born_timestamp,
+        msg.born_host,
+        msg.store_host,
+        msg.prepared_transaction_offset,
+    )
+    assert (m.total_size, m.physical_offset, m.queue_offset, m.store_timestamp) == (
+        result.size,
+        result.physical_offset,
+        queue_offset,
+        result.store_timestamp,
+    )
+    text = msg.properties if properties is None else properties
+    if text and not text.endswith("\x02"):
+        text += "\x02"
+    assert m.properties[: -rec.CRC_DIGITS_LEN] == text + "__CRC32#\x01"
+    assert len(record) == result.size
+    return record
 
 
 class Opener:

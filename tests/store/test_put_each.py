@@ -1,8 +1,8 @@
 """put_each (the single sends of one loop turn, any topics and queues, each checked alone) must
 leave the store byte for byte as the same messages put one at a time with put_message: commit
 log, consume queues, index files and dispatch events, across segment rollovers; and each record
-must be what the careful encoder (`protocol.record.encode_record`) makes, with the queue offsets
-a plain model of the queues gives."""
+must decode to its message, with the queue offsets a plain model of the queues gives (the bytes
+of a record: tests/protocol/test_record.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_helpers import Opener, careful_record, fail_second_segment, message
+from store_helpers import Opener, fail_second_segment, message, stored_as
 
 from tidemq.protocol.message import SysFlag
 from tidemq.store import FileMessageStore, MessageToStore
@@ -97,8 +97,9 @@ def test_put_each_leaves_what_single_puts_leave(
         properties = msg.properties
         if msg.tags_code is not None:
             properties += f"__TAGSCODE#\x01{msg.tags_code}\x02"
-        record = careful_record(msg, result, queue_offset, properties)
-        assert grouped.read_record(result.physical_offset) == record
+        record = stored_as(
+            grouped.read_record(result.physical_offset), msg, result, queue_offset, properties
+        )
         assert result.queue_offset == queue_offset
         if in_queue:
             pulled = grouped.get_messages(msg.topic, msg.queue_id, queue_offset, 1)

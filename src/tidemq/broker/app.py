@@ -64,6 +64,22 @@ CONFIG_DIR = "config"
 CLIENT_SCAN_INTERVAL_MS = 10_000
 
 
+def store_config(config: BrokerConfig) -> StoreConfig:
+    """The store's settings from the broker's (broker.conf names them as RocketMQ does)."""
+    return StoreConfig(
+        root_dir=Path(config.store_path_root_dir),
+        commit_log_file_size=config.commit_log_file_size,
+        consume_queue_file_entries=config.consume_queue_file_entries,
+        flush_disk_type=FlushDiskType(config.flush_disk_type),
+        file_reserved_time_hours=config.file_reserved_time_hours,
+        delete_when_hour=config.delete_when_hours[0],
+        disk_max_used_space_ratio_percent=config.disk_max_used_space_ratio_percent,
+        message_size_max=config.max_message_size,
+        corrupt_policy=CorruptPolicy(config.corrupt_policy),
+        commit_log_resident_bytes=config.commit_log_resident_bytes,
+    )
+
+
 class BrokerApp:
     def __init__(
         self,
@@ -79,20 +95,7 @@ class BrokerApp:
         root = Path(config.store_path_root_dir)
         config_dir = root / CONFIG_DIR
         self.store = FileMessageStore(
-            StoreConfig(
-                root_dir=root,
-                commit_log_file_size=config.commit_log_file_size,
-                consume_queue_file_entries=config.consume_queue_file_entries,
-                flush_disk_type=FlushDiskType(config.flush_disk_type),
-                file_reserved_time_hours=config.file_reserved_time_hours,
-                delete_when_hour=config.delete_when_hours[0],
-                disk_max_used_space_ratio_percent=config.disk_max_used_space_ratio_percent,
-                message_size_max=config.max_message_size,
-                corrupt_policy=CorruptPolicy(config.corrupt_policy),
-                commit_log_resident_bytes=config.commit_log_resident_bytes,
-            ),
-            clock,
-            disk_usage_probe=disk_usage_probe,
+            store_config(config), clock, disk_usage_probe=disk_usage_probe
         )
         self.topics = TopicTable(
             config_dir,
@@ -206,21 +209,7 @@ class BrokerApp:
             flush_log=functools.partial(self.store.flush, log_only=True),
         )
         self.flush.start()
-        handlers = self._handler_table(self.flush)
-        vip = config.vip_port
-        self._server = RemotingServer(
-            handlers,
-            config.listen_host,
-            config.listen_port,
-            name=f"broker-{config.broker_name}",
-            idle_timeout_ms=config.client_expiry_ms,
-            extra_ports=[vip] if vip is not None else [],
-            clock=self.clock,
-            # Under SYNC_FLUSH an answer waits for the disk anyway: starting a read's sends in
-            # slices would only split them over more group-commit rounds (pipelined SYNC sends
-            # measured 6 % slower with slices).
-            turn_budget=None if self.flush.sync else TURN_BUDGET,
-        )
+        self._server = self._remoting_server(self.flush)
         await self._server.start()
         self.advertised.port = self._server.port
         self.transactions.set_store_host((self.advertised.host, self.advertised.port))
@@ -231,7 +220,44 @@ class BrokerApp:
         )
         await self.registration.register_all()
         self.registration.start()
-        self._periodic = [
+        self._periodic = self._periodic_services()
+        for service in self._periodic:
+            service.start()
+        self.check_back = CheckBackService(
+            CheckBackConfig.from_broker(config),
+            self.transactions,
+            self.offsets,
+            lambda group: [c.connection for c in self.clients.producer_channels(group)],
+            self.clock,
+            sink_batches=self.sink_batches,
+        )
+        if config.is_master:
+            self.check_back.start()
+            self.schedule.start()
+            self.timer.start()
+
+    def _remoting_server(self, flush: FlushService) -> RemotingServer:
+        """The server on the listen port (and the VIP port), with every handler."""
+        config = self.config
+        vip = config.vip_port
+        return RemotingServer(
+            self._handler_table(flush),
+            config.listen_host,
+            config.listen_port,
+            name=f"broker-{config.broker_name}",
+            idle_timeout_ms=config.client_expiry_ms,
+            extra_ports=[vip] if vip is not None else [],
+            clock=self.clock,
+            # Under SYNC_FLUSH an answer waits for the disk anyway: starting a read's sends in
+            # slices would only split them over more group-commit rounds (pipelined SYNC sends
+            # measured 6 % slower with slices).
+            turn_budget=None if flush.sync else TURN_BUDGET,
+        )
+
+    def _periodic_services(self) -> list[PeriodicService]:
+        """The broker's timed chores (started by `_start_services`, stopped on shutdown)."""
+        config = self.config
+        return [
             PeriodicService(
                 "consumer-offset-persist",
                 config.consumer_offset_persist_interval_ms,
@@ -255,20 +281,6 @@ class BrokerApp:
                 self.timer.persist_if_dirty,
             ),
         ]
-        for service in self._periodic:
-            service.start()
-        self.check_back = CheckBackService(
-            CheckBackConfig.from_broker(config),
-            self.transactions,
-            self.offsets,
-            lambda group: [c.connection for c in self.clients.producer_channels(group)],
-            self.clock,
-            sink_batches=self.sink_batches,
-        )
-        if config.is_master:
-            self.check_back.start()
-            self.schedule.start()
-            self.timer.start()
 
     def _handler_table(self, flush: FlushService) -> HandlerTable:
         table = HandlerTable()

@@ -52,10 +52,17 @@ import mmap
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, Protocol, TypeAlias
 
 from tidemq.errors import CorruptRecordError, MessageTooLargeError, ProtocolError
 from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX, TOPIC_NAME_LENGTH_MAX
+from tidemq.protocol.message import (
+    CRC32_PROPERTY,
+    SysFlag,
+    decode_properties,
+    strip_property,
+    terminated_without,
+)
 
 # Anything the decoders read from: bytes, a pull body's memoryview, or a mapped segment.
 Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
@@ -82,19 +89,17 @@ QUEUE_OFFSET_POS: Final = 20
 PHYSICAL_OFFSET_POS: Final = 28
 STORE_TIMESTAMP_POS: Final = 56
 
-CRC_PROPERTY: Final = "__CRC32#"
-_CRC_KEY_BYTES: Final = b"__CRC32#\x01"
+CRC_PROPERTY: Final = CRC32_PROPERTY
+_CRC_KEY_BYTES: Final = f"{CRC_PROPERTY}\x01".encode()
 CRC_DIGITS_LEN: Final = 10
 # "\x02" before the key (when other properties precede it) + key + "\x01" + digits.
 CRC_PROPERTY_SIZE_MAX: Final = 1 + len(_CRC_KEY_BYTES) + CRC_DIGITS_LEN
 assert CRC_PROPERTY_SIZE_MAX == 20
 _CRC_TAIL_LEN: Final = len(_CRC_KEY_BYTES) + CRC_DIGITS_LEN
 
-NAME_VALUE_SEPARATOR: Final = "\x01"
-PROPERTY_SEPARATOR: Final = "\x02"
-
+_BODY_CRC_MASK: Final = 0x7FFFFFFF  # BODYCRC is a non-negative int32
 # sysFlag bits that would make the host fields 20 bytes (we never write them).
-_SYSFLAG_HOSTS_V6: Final = 0x10 | 0x20
+_SYSFLAG_HOSTS_V6: Final = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
 
 
 @dataclass(slots=True)
@@ -120,17 +125,12 @@ class StoredMessage:
 
     def property_map(self) -> dict[str, str]:
         """Properties as a dict; fragments without a separator or with an empty side are skipped."""
-        result: dict[str, str] = {}
-        for fragment in self.properties.split(PROPERTY_SEPARATOR):
-            key, sep, value = fragment.partition(NAME_VALUE_SEPARATOR)
-            if sep and key and value:
-                result[key] = value
-        return result
+        return decode_properties(self.properties)
 
 
 def body_crc(body: bytes) -> int:
     """BODYCRC as RocketMQ computes it: crc32 masked to a non-negative int32."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return zlib.crc32(body) & _BODY_CRC_MASK
 
 
 @functools.lru_cache(maxsize=1024)  # a broker sees few distinct hosts; parsing one costs ~5 µs
@@ -156,33 +156,137 @@ def _unpack_ipv4(packed: bytes) -> str:
 
 def strip_crc_property(properties: str) -> str:
     """`properties` without any `__CRC32#` pair (an encoder always writes a fresh one)."""
-    if CRC_PROPERTY not in properties:
-        return properties
-    kept = [
-        fragment
-        for fragment in properties.split(PROPERTY_SEPARATOR)
-        if fragment and not fragment.startswith(CRC_PROPERTY + NAME_VALUE_SEPARATOR)
-    ]
-    return "".join(fragment + PROPERTY_SEPARATOR for fragment in kept)
+    return strip_property(properties, CRC_PROPERTY)
 
 
 def encoded_properties_size(properties: str) -> int:
     """PROPERTIESLENGTH the encoder will write for `properties` (the CRC pair included)."""
-    text = strip_crc_property(properties)
-    size = len(text.encode())
-    if size and not text.endswith(PROPERTY_SEPARATOR):
-        size += 1
-    return size + _CRC_TAIL_LEN
+    return len(properties_prefix(properties)) + CRC_DIGITS_LEN
 
 
 def properties_prefix(properties: str) -> bytes:
     """The stored PROPERTIES bytes before the CRC digits: `properties` without any CRC pair,
     separator-terminated, then `__CRC32#\x01` (its length plus CRC_DIGITS_LEN is PROPERTIESLENGTH).
     """
-    text = strip_crc_property(properties)
-    if text and not text.endswith(PROPERTY_SEPARATOR):
-        text += PROPERTY_SEPARATOR
-    return text.encode() + _CRC_KEY_BYTES
+    return terminated_without(properties, CRC_PROPERTY).encode() + _CRC_KEY_BYTES
+
+
+@functools.lru_cache(maxsize=4096)  # a broker serves a few thousand topics at most
+def topic_part(topic: str) -> bytes:
+    """TOPICLENGTH and TOPIC as stored (the same for every record of a topic, so cached).
+
+    Raises:
+        ProtocolError: the topic is empty or longer than 127 UTF-8 bytes.
+    """
+    topic_bytes = topic.encode()
+    if not 0 < len(topic_bytes) <= TOPIC_NAME_LENGTH_MAX:
+        raise ProtocolError(f"topic length {len(topic_bytes)} outside 1..{TOPIC_NAME_LENGTH_MAX}")
+    return _TOPIC_LEN.pack(len(topic_bytes)) + topic_bytes
+
+
+class RecordFields(Protocol):
+    """What a record takes from its message besides topic, properties and the store's offsets
+    and time (the store's MessageToStore has these attributes)."""
+
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def queue_id(self) -> int: ...
+    @property
+    def flag(self) -> int: ...
+    @property
+    def sys_flag(self) -> int: ...
+    @property
+    def born_timestamp(self) -> int: ...
+    @property
+    def born_host(self) -> tuple[str, int]: ...
+    @property
+    def store_host(self) -> tuple[str, int]: ...
+    @property
+    def reconsume_times(self) -> int: ...
+    @property
+    def prepared_transaction_offset(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Fields:
+    """RecordFields for `encode_record`'s keyword arguments."""
+
+    body: bytes
+    queue_id: int
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: tuple[str, int]
+    store_host: tuple[str, int]
+    reconsume_times: int
+    prepared_transaction_offset: int
+
+
+class PreparedRecord:
+    """A record worked out up to what only the writer knows: its queue and physical offsets and
+    its store time. Preparing once lets a writer size a run of records (segment fit) before it
+    encodes any, and encode each in one pass (`encode`) when the offsets are known.
+
+    Slotted rather than a NamedTuple: built once per stored message, and its attributes are read
+    on the store's hot path, where slot reads beat a tuple's index or a NamedTuple's property.
+    A writer may subclass it with slots of its own (the store keeps its dispatch data there).
+    """
+
+    __slots__ = ("born_ip", "fields", "props_prefix", "size", "store_ip", "topic_part")
+
+    def __init__(self, fields: RecordFields, topic_part: bytes, properties: str) -> None:
+        """`topic_part` is `topic_part(topic)` (worked out once per topic by the caller).
+
+        Raises:
+            ProtocolError: a host is not IPv4 (nor IPv6 loopback or v4-mapped).
+            MessageTooLargeError: the properties, CRC pair included, exceed their int16 field.
+        """
+        self.fields = fields
+        self.topic_part = topic_part
+        self.born_ip = pack_ipv4(fields.born_host[0])
+        self.store_ip = pack_ipv4(fields.store_host[0])
+        # properties_prefix(properties), spelled out: one call less per stored message.
+        prefix = terminated_without(properties, CRC_PROPERTY).encode() + _CRC_KEY_BYTES
+        self.props_prefix = prefix
+        props_len = len(prefix) + CRC_DIGITS_LEN
+        if props_len > MESSAGE_PROPERTIES_SIZE_MAX:
+            raise MessageTooLargeError(
+                f"properties of {props_len} bytes exceed {MESSAGE_PROPERTIES_SIZE_MAX}"
+            )
+        # The topic part holds TOPICLENGTH's byte, which RECORD_FIXED_SIZE counts already.
+        self.size = RECORD_FIXED_SIZE - 1 + len(topic_part) + len(fields.body) + props_len
+
+    def encode(
+        self, queue_offset: int, physical_offset: int, store_timestamp: int
+    ) -> tuple[bytes, bytes, bytes, bytes]:
+        """The record as four pieces to join: header, body, topic and properties, CRC digits."""
+        fields = self.fields
+        body = fields.body
+        crc32 = zlib.crc32
+        header = RECORD_HEADER.pack(
+            self.size,
+            MAGIC_RECORD,
+            crc32(body) & _BODY_CRC_MASK,
+            fields.queue_id,
+            fields.flag,
+            queue_offset,
+            physical_offset,
+            fields.sys_flag & ~_SYSFLAG_HOSTS_V6,
+            fields.born_timestamp,
+            self.born_ip,
+            fields.born_host[1],
+            store_timestamp,
+            self.store_ip,
+            fields.store_host[1],
+            fields.reconsume_times,
+            fields.prepared_transaction_offset,
+            len(body),
+        )
+        prefix = self.props_prefix
+        tail = self.topic_part + _PROPS_LEN.pack(len(prefix) + CRC_DIGITS_LEN) + prefix
+        crc = crc32(tail, crc32(body, crc32(header)))
+        return header, body, tail, b"%010d" % crc
 
 
 def encode_record(
@@ -202,55 +306,26 @@ def encode_record(
     queue_offset: int,
     physical_offset: int,
 ) -> bytes:
-    """The record bytes, ending with a fresh `__CRC32#` property.
+    """The record bytes, ending with a fresh `__CRC32#` property: `PreparedRecord` for one
+    record, the same code the store writes with.
 
     Raises MessageTooLargeError when the properties exceed their int16 field, ProtocolError for a
     topic over 127 bytes or a host that is not IPv4 (or IPv6 loopback / v4-mapped).
     """
-    topic_bytes = topic.encode()
-    if not 0 < len(topic_bytes) <= TOPIC_NAME_LENGTH_MAX:
-        raise ProtocolError(f"topic length {len(topic_bytes)} outside 1..{TOPIC_NAME_LENGTH_MAX}")
-    props_prefix = properties_prefix(properties)
-    props_len = len(props_prefix) + CRC_DIGITS_LEN
-    if props_len > MESSAGE_PROPERTIES_SIZE_MAX:
-        raise MessageTooLargeError(
-            f"properties of {props_len} bytes exceed {MESSAGE_PROPERTIES_SIZE_MAX}"
-        )
-    body_len = len(body)
-    total = RECORD_FIXED_SIZE + body_len + len(topic_bytes) + props_len
-    header = RECORD_HEADER.pack(
-        total,
-        MAGIC_RECORD,
-        body_crc(body),
-        queue_id,
-        flag,
-        queue_offset,
-        physical_offset,
-        sys_flag & ~_SYSFLAG_HOSTS_V6,
-        born_timestamp,
-        pack_ipv4(born_host[0]),
-        born_host[1],
-        store_timestamp,
-        pack_ipv4(store_host[0]),
-        store_host[1],
-        reconsume_times,
-        prepared_transaction_offset,
-        body_len,
+    fields = _Fields(
+        body=body,
+        queue_id=queue_id,
+        flag=flag,
+        sys_flag=sys_flag,
+        born_timestamp=born_timestamp,
+        born_host=born_host,
+        store_host=store_host,
+        reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared_transaction_offset,
     )
-    parts = [
-        header,
-        body,
-        _TOPIC_LEN.pack(len(topic_bytes)),
-        topic_bytes,
-        _PROPS_LEN.pack(props_len),
-        props_prefix,
-    ]
-    crc = 0
-    for part in parts:
-        crc = zlib.crc32(part, crc)
-    parts.append(b"%010d" % crc)
-    record = b"".join(parts)
-    assert len(record) == total
+    prepared = PreparedRecord(fields, topic_part(topic), properties)
+    record = b"".join(prepared.encode(queue_offset, physical_offset, store_timestamp))
+    assert len(record) == prepared.size
     return record
 
 
@@ -309,63 +384,42 @@ def decode_record(
     `require_crc` additionally rejects records without it (the store reads only its own).
     """
     size = record_size_at(buf, offset)
-    end = offset + size
     try:
-        (
-            _total,
-            _magic,
-            crc_of_body,
-            queue_id,
-            flag,
-            queue_offset,
-            physical_offset,
-            sys_flag,
-            born_timestamp,
-            born_ip,
-            born_port,
-            store_timestamp,
-            store_ip,
-            store_port,
-            reconsume_times,
-            prepared_transaction_offset,
-            body_len,
-        ) = RECORD_HEADER.unpack_from(buf, offset)
-        if sys_flag & _SYSFLAG_HOSTS_V6:
-            raise CorruptRecordError(f"record at {offset} has IPv6 hosts (sysFlag {sys_flag})")
-        pos = offset + BODY_OFFSET
-        if body_len < 0 or pos + body_len + 3 > end:
-            raise CorruptRecordError(f"body length {body_len} overruns record at {offset}")
-        body = bytes(buf[pos : pos + body_len])
-        pos += body_len
-        (topic_len,) = _TOPIC_LEN.unpack_from(buf, pos)
-        pos += 1
-        if topic_len <= 0 or pos + topic_len + 2 > end:
-            raise CorruptRecordError(f"topic length {topic_len} overruns record at {offset}")
-        topic = bytes(buf[pos : pos + topic_len]).decode()
-        pos += topic_len
-        (props_len,) = _PROPS_LEN.unpack_from(buf, pos)
-        pos += 2
-        if props_len < 0 or pos + props_len != end:
-            raise CorruptRecordError(
-                f"properties length {props_len} disagrees with total size {size} at {offset}"
-            )
-        props_raw = bytes(buf[pos:end])
-        properties = props_raw.decode()
+        message, props_raw = _decode_fields(buf, offset, size)
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptRecordError(f"record at {offset}: {exc}") from None
     if verify_crc:
-        if body_crc(body) != crc_of_body:
+        if body_crc(message.body) != message.body_crc:
             raise CorruptRecordError(f"body CRC mismatch in record at {offset}")
-        tail = props_raw[-_CRC_TAIL_LEN:]
-        if len(tail) == _CRC_TAIL_LEN and tail[:-CRC_DIGITS_LEN] == _CRC_KEY_BYTES:
-            digits = tail[-CRC_DIGITS_LEN:]
-            with memoryview(buf) as view:
-                expected = zlib.crc32(view[offset : end - CRC_DIGITS_LEN])
-            if not digits.isdigit() or int(digits) != expected:
-                raise CorruptRecordError(f"record CRC mismatch at {offset}")
-        elif require_crc:
-            raise CorruptRecordError(f"record at {offset} lacks its {CRC_PROPERTY} property")
-    return StoredMessage(
+        _verify_record_crc(buf, offset, offset + size, props_raw, require_crc)
+    return message
+
+
+def _decode_fields(buf: Buffer, offset: int, size: int) -> tuple[StoredMessage, bytes]:
+    """The record's fields, and its PROPERTIES bytes (where the CRC property is checked)."""
+    (
+        _total,
+        _magic,
+        crc_of_body,
+        queue_id,
+        flag,
+        queue_offset,
+        physical_offset,
+        sys_flag,
+        born_timestamp,
+        born_ip,
+        born_port,
+        store_timestamp,
+        store_ip,
+        store_port,
+        reconsume_times,
+        prepared_transaction_offset,
+        body_len,
+    ) = RECORD_HEADER.unpack_from(buf, offset)
+    if sys_flag & _SYSFLAG_HOSTS_V6:
+        raise CorruptRecordError(f"record at {offset} has IPv6 hosts (sysFlag {sys_flag})")
+    body, topic, props_raw = _variable_parts(buf, offset, offset + size, body_len)
+    message = StoredMessage(
         total_size=size,
         body_crc=crc_of_body,
         queue_id=queue_id,
@@ -381,8 +435,47 @@ def decode_record(
         prepared_transaction_offset=prepared_transaction_offset,
         body=body,
         topic=topic,
-        properties=properties,
+        properties=props_raw.decode(),
     )
+    return message, props_raw
+
+
+def _variable_parts(buf: Buffer, offset: int, end: int, body_len: int) -> tuple[bytes, str, bytes]:
+    """BODY, TOPIC and the PROPERTIES bytes of the record at `offset`, each length checked
+    against the record's end."""
+    pos = offset + BODY_OFFSET
+    if body_len < 0 or pos + body_len + 3 > end:
+        raise CorruptRecordError(f"body length {body_len} overruns record at {offset}")
+    body = bytes(buf[pos : pos + body_len])
+    pos += body_len
+    (topic_len,) = _TOPIC_LEN.unpack_from(buf, pos)
+    pos += 1
+    if topic_len <= 0 or pos + topic_len + 2 > end:
+        raise CorruptRecordError(f"topic length {topic_len} overruns record at {offset}")
+    topic = bytes(buf[pos : pos + topic_len]).decode()
+    pos += topic_len
+    (props_len,) = _PROPS_LEN.unpack_from(buf, pos)
+    pos += 2
+    if props_len < 0 or pos + props_len != end:
+        raise CorruptRecordError(
+            f"properties length {props_len} disagrees with total size {end - offset} at {offset}"
+        )
+    return body, topic, bytes(buf[pos:end])
+
+
+def _verify_record_crc(
+    buf: Buffer, offset: int, end: int, props_raw: bytes, require_crc: bool
+) -> None:
+    """Check the whole-record CRC when the record carries it (or must: `require_crc`)."""
+    tail = props_raw[-_CRC_TAIL_LEN:]
+    if len(tail) == _CRC_TAIL_LEN and tail[:-CRC_DIGITS_LEN] == _CRC_KEY_BYTES:
+        digits = tail[-CRC_DIGITS_LEN:]
+        with memoryview(buf) as view:
+            expected = zlib.crc32(view[offset : end - CRC_DIGITS_LEN])
+        if not digits.isdigit() or int(digits) != expected:
+            raise CorruptRecordError(f"record CRC mismatch at {offset}")
+    elif require_crc:
+        raise CorruptRecordError(f"record at {offset} lacks its {CRC_PROPERTY} property")
 
 
 def decode_records(buf: Buffer, *, verify_crc: bool = True) -> list[StoredMessage]:

@@ -43,8 +43,3 @@ def tags_code_of(properties: dict[str, str]) -> int:
         except ValueError:
             logger.warning("ignoring malformed %s=%r", TAGS_CODE_PROPERTY, explicit)
     return props.tag_code(properties.get(props.TAGS))
-
-
-def strip_property(text: str, name: str) -> str:
-    kept = [f for f in text.split("\x02") if f and not f.startswith(name + "\x01")]
-    return "".join(f + "\x02" for f in kept)

@@ -199,50 +199,9 @@ def recover(
     start = scan_start(log, checkpoint, full, exact_start)
     index_from = 0 if full or checkpoint is None else checkpoint.logic_flushed_offset
     scanner = LogScanner(log, start)
-    scanned = 0
-    for message in scanner.records():
-        outcome = dispatch(message, message.physical_offset >= index_from)
-        scanned += 1
-        if outcome is PutAt.STARTED and not full:
-            # Earlier entries of this queue are gone; only a scan from the first segment
-            # knows whether retention removed them or they were lost.
-            raise NeedFullRebuild(
-                f"{message.topic}/{message.queue_id} starts at queue offset {message.queue_offset}",
-                (message.topic, message.queue_id),
-            )
-        if outcome is PutAt.GAP:
-            if not full:
-                raise NeedFullRebuild(
-                    f"{message.topic}/{message.queue_id} lacks entries before queue offset "
-                    f"{message.queue_offset}"
-                )
-            logger.error(
-                "consume queue %s/%d has a hole before offset %d (records lost from the log)",
-                message.topic,
-                message.queue_id,
-                message.queue_offset,
-            )
-        elif outcome is PutAt.REPLACED:
-            logger.warning(
-                "consume queue %s/%d entry %d rewritten from the log",
-                message.topic,
-                message.queue_id,
-                message.queue_offset,
-            )
+    scanned = _redispatch(scanner, dispatch, index_from, full)
     end = scanner.end_offset
-    damage = recover_damage(log, end, scanner.stop_reason, checkpoint, clean_stop)
-    if damage is not None:
-        mf = log.files.find_file(end)
-        where = f"segment {mf.path} " if mf is not None else ""
-        what = f"commit log {where}is corrupt at offset {end} ({scanner.stop_reason}) and {damage}"
-        if corrupt_policy is CorruptPolicy.REFUSE:
-            raise StoreError(
-                f"{what}; not truncating. Run `tidemq store verify {log.files.directory.parent}`"
-                " to see the damage, then restore the segment or start with corrupt_policy="
-                "quarantine (broker.conf corruptPolicy=quarantine) to move it aside"
-            )
-        moved = recover_quarantine(log, end)
-        logger.error("%s; quarantined %s", what, ", ".join(str(p) for p in moved))
+    _refuse_or_quarantine(log, scanner, checkpoint, clean_stop, corrupt_policy)
     if scanner.stop_reason != "end":
         logger.warning(
             "commit log truncated at offset %d: %s (scanned %d records from %d)",
@@ -251,21 +210,7 @@ def recover(
             scanned,
             start,
         )
-    deleted = log.truncate(end)
-    if deleted:
-        logger.warning("deleted %d commit-log segments after offset %d", deleted, end)
-    dropped = 0
-    for cq in queues():
-        n = cq.truncate_physical(end)
-        if n:
-            logger.warning(
-                "dropped %d consume-queue entries of %s/%d beyond the log end",
-                n,
-                cq.topic,
-                cq.queue_id,
-            )
-        dropped += n
-        cq.correct_min(log.min_offset)
+    deleted, dropped = _truncate(log, end, queues())
     logger.info(
         "recovered commit log: %s stop, %s, scanned %d records from %d, end %d",
         "clean" if clean_stop else "unclean",
@@ -284,3 +229,97 @@ def recover(
         segments_deleted=deleted,
         consume_queue_entries_dropped=dropped,
     )
+
+
+def _redispatch(
+    scanner: LogScanner,
+    dispatch: Callable[[StoredMessage, bool], PutAt | None],
+    index_from: int,
+    full: bool,
+) -> int:
+    """Step 3: re-dispatch every record the scan finds (indexing those at or after
+    `index_from`); returns how many. Raises NeedFullRebuild as `_check_outcome`."""
+    scanned = 0
+    for message in scanner.records():
+        outcome = dispatch(message, message.physical_offset >= index_from)
+        scanned += 1
+        _check_outcome(message, outcome, full)
+    return scanned
+
+
+def _check_outcome(message: StoredMessage, outcome: PutAt | None, full: bool) -> None:
+    """Log what re-dispatching `message` found; a partial recovery that finds a queue's earlier
+    entries missing raises NeedFullRebuild."""
+    if outcome is PutAt.STARTED and not full:
+        # Earlier entries of this queue are gone; only a scan from the first segment
+        # knows whether retention removed them or they were lost.
+        raise NeedFullRebuild(
+            f"{message.topic}/{message.queue_id} starts at queue offset {message.queue_offset}",
+            (message.topic, message.queue_id),
+        )
+    if outcome is PutAt.GAP:
+        if not full:
+            raise NeedFullRebuild(
+                f"{message.topic}/{message.queue_id} lacks entries before queue offset "
+                f"{message.queue_offset}"
+            )
+        logger.error(
+            "consume queue %s/%d has a hole before offset %d (records lost from the log)",
+            message.topic,
+            message.queue_id,
+            message.queue_offset,
+        )
+    elif outcome is PutAt.REPLACED:
+        logger.warning(
+            "consume queue %s/%d entry %d rewritten from the log",
+            message.topic,
+            message.queue_id,
+            message.queue_offset,
+        )
+
+
+def _refuse_or_quarantine(
+    log: CommitLog,
+    scanner: LogScanner,
+    checkpoint: Checkpoint | None,
+    clean_stop: bool,
+    corrupt_policy: CorruptPolicy,
+) -> None:
+    """Step 4: nothing when the scan stopped at the end or a torn tail; else raise StoreError
+    (REFUSE) or move the damaged segments aside (QUARANTINE)."""
+    end = scanner.end_offset
+    damage = recover_damage(log, end, scanner.stop_reason, checkpoint, clean_stop)
+    if damage is None:
+        return
+    mf = log.files.find_file(end)
+    where = f"segment {mf.path} " if mf is not None else ""
+    what = f"commit log {where}is corrupt at offset {end} ({scanner.stop_reason}) and {damage}"
+    if corrupt_policy is CorruptPolicy.REFUSE:
+        raise StoreError(
+            f"{what}; not truncating. Run `tidemq store verify {log.files.directory.parent}`"
+            " to see the damage, then restore the segment or start with corrupt_policy="
+            "quarantine (broker.conf corruptPolicy=quarantine) to move it aside"
+        )
+    moved = recover_quarantine(log, end)
+    logger.error("%s; quarantined %s", what, ", ".join(str(p) for p in moved))
+
+
+def _truncate(log: CommitLog, end: int, queues: list[ConsumeQueue]) -> tuple[int, int]:
+    """Step 5: cut the log and the consume queues at `end`; returns (segments deleted,
+    consume-queue entries dropped)."""
+    deleted = log.truncate(end)
+    if deleted:
+        logger.warning("deleted %d commit-log segments after offset %d", deleted, end)
+    dropped = 0
+    for cq in queues:
+        n = cq.truncate_physical(end)
+        if n:
+            logger.warning(
+                "dropped %d consume-queue entries of %s/%d beyond the log end",
+                n,
+                cq.topic,
+                cq.queue_id,
+            )
+        dropped += n
+        cq.correct_min(log.min_offset)
+    return deleted, dropped

@@ -45,9 +45,7 @@ from tidemq.protocol import record as rec
 from tidemq.protocol.message import (
     CHECK_IMMUNITY_TIME_IN_SECONDS,
     CRC32_PROPERTY,
-    NAME_VALUE_SEPARATOR,
     PGROUP,
-    PROPERTY_SEPARATOR,
     REAL_QID,
     REAL_TOPIC,
     RMQ_SYS_TRANS_HALF_TOPIC,
@@ -58,6 +56,7 @@ from tidemq.protocol.message import (
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANSACTION_CHECK_TIMES,
     SysFlag,
+    add_properties,
     decode_properties,
     encode_properties,
 )
@@ -117,13 +116,7 @@ def to_half_message(msg: MessageToStore, producer_group: str) -> MessageToStore:
     extra = {REAL_TOPIC: msg.topic, REAL_QID: str(msg.queue_id)}
     if PGROUP not in props:
         extra[PGROUP] = producer_group
-    if REAL_TOPIC not in props and REAL_QID not in props and is_canonical(text, len(props)):
-        # Byte for byte what encoding the updated map gives: its pairs in order, then extra's.
-        text += encode_properties(extra)
-        props.update(extra)
-    else:
-        props.update(extra)
-        text = encode_properties(props)
+    text = add_properties(text, props, extra)
     return MessageToStore(
         topic=HALF_TOPIC,
         queue_id=HALF_QUEUE_ID,
@@ -137,14 +130,6 @@ def to_half_message(msg: MessageToStore, producer_group: str) -> MessageToStore:
         reconsume_times=msg.reconsume_times,
         parsed=(text, props),
     )
-
-
-def is_canonical(text: str, pairs: int) -> bool:
-    """Whether `text`, whose map has `pairs` entries, is what encoding that map gives back: every
-    fragment one distinct, non-empty `key\\x01value\\x02` (what clients send)."""
-    return (
-        not text or (text[-1] == PROPERTY_SEPARATOR and text.count(PROPERTY_SEPARATOR) == pairs)
-    ) and text.count(NAME_VALUE_SEPARATOR) == pairs
 
 
 def origin_from(props: dict[str, str], queue_offset: int) -> int:
