@@ -343,6 +343,20 @@ def queue_offset_at(buf: Buffer, offset: int = 0) -> int:
     return value
 
 
+STORE_TIMESTAMP_SIZE: Final = 8
+_STORE_TIMESTAMP: Final = struct.Struct(">q")
+assert _STORE_TIMESTAMP.size == STORE_TIMESTAMP_SIZE
+# The 4 bytes every record starts its MAGICCODE field with: what a scan for the next record after
+# damage looks for.
+MAGIC_RECORD_BYTES: Final = struct.pack(">I", MAGIC_RECORD)
+
+
+def store_timestamp_at(buf: Buffer, offset: int = 0) -> int:
+    """STORETIMESTAMP of the record at `offset`, unchecked: for records the store handed out."""
+    value: int = _STORE_TIMESTAMP.unpack_from(buf, offset + STORE_TIMESTAMP_POS)[0]
+    return value
+
+
 def record_size_at(buf: Buffer, offset: int = 0) -> int:
     """TOTALSIZE of the record at `offset`, after a cheap check of its magic and bounds."""
     size, magic = record_head_at(buf, offset)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import errno
 import logging
 import shutil
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -63,7 +62,6 @@ GET_SCAN_ENTRIES_MAX: Final = 16_000
 DISK_CHECK_INTERVAL_MS: Final = 1_000
 # query_by_key reads this many extra candidates, for hash collisions and stale entries.
 QUERY_CANDIDATES_EXTRA: Final = 64
-_STORE_TIMESTAMP: Final = struct.Struct(">q")
 
 DiskUsageProbe = Callable[[Path], float]
 
@@ -433,11 +431,11 @@ class FileMessageStore:
         entry = cq.get(offset) if cq is not None else None
         if entry is None:
             return None
-        data = self._log.read(entry[0] + rec.STORE_TIMESTAMP_POS, _STORE_TIMESTAMP.size)
+        # The record's head up to its STORETIMESTAMP (64 bytes), decoded by the record module.
+        data = self._log.read(entry[0], rec.STORE_TIMESTAMP_POS + rec.STORE_TIMESTAMP_SIZE)
         if data is None:
             return None
-        value: int = _STORE_TIMESTAMP.unpack(data)[0]
-        return value
+        return rec.store_timestamp_at(data)
 
     def earliest_store_time(self, topic: str, queue_id: int) -> int:
         ts = self.store_time_at(topic, queue_id, self.min_offset(topic, queue_id))

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,9 +105,6 @@ def scan_start(log: CommitLog, checkpoint: Checkpoint | None, full: bool, exact:
     return start
 
 
-_MAGIC_BYTES = struct.pack(">I", rec.MAGIC_RECORD)
-
-
 def recover_find_valid_record(mf: MappedFile, pos_from: int) -> int | None:
     """Position of the first valid record (magic, CRC, own offset) at or after `pos_from`.
 
@@ -117,7 +113,7 @@ def recover_find_valid_record(mf: MappedFile, pos_from: int) -> int | None:
     what was written past `pos_from`, not the rest of a 1 GiB segment.
     """
     for start, end in mf.written_ranges(pos_from):
-        magic_at = mf.mm.find(_MAGIC_BYTES, start + 4, end)
+        magic_at = mf.mm.find(rec.MAGIC_RECORD_BYTES, start + 4, end)
         while magic_at >= 0:
             pos = magic_at - 4
             try:
@@ -127,7 +123,7 @@ def recover_find_valid_record(mf: MappedFile, pos_from: int) -> int | None:
             else:
                 if message.physical_offset == mf.start_offset + pos:
                     return pos
-            magic_at = mf.mm.find(_MAGIC_BYTES, magic_at + 1, end)
+            magic_at = mf.mm.find(rec.MAGIC_RECORD_BYTES, magic_at + 1, end)
     return None
 
 
