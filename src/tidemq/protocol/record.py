@@ -58,6 +58,7 @@ from tidemq.errors import CorruptRecordError, MessageTooLargeError, ProtocolErro
 from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX, TOPIC_NAME_LENGTH_MAX
 from tidemq.protocol.message import (
     CRC32_PROPERTY,
+    NAME_VALUE_SEPARATOR,
     SysFlag,
     decode_properties,
     strip_property,
@@ -90,7 +91,7 @@ PHYSICAL_OFFSET_POS: Final = 28
 STORE_TIMESTAMP_POS: Final = 56
 
 CRC_PROPERTY: Final = CRC32_PROPERTY
-_CRC_KEY_BYTES: Final = f"{CRC_PROPERTY}\x01".encode()
+_CRC_KEY_BYTES: Final = f"{CRC_PROPERTY}{NAME_VALUE_SEPARATOR}".encode()
 CRC_DIGITS_LEN: Final = 10
 # "\x02" before the key (when other properties precede it) + key + "\x01" + digits.
 CRC_PROPERTY_SIZE_MAX: Final = 1 + len(_CRC_KEY_BYTES) + CRC_DIGITS_LEN
