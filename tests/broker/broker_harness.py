@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemq.broker.app import BrokerApp
-from tidemq.broker.config import load_broker_config
+from tidemq.broker.config_file import load_broker_config
 from tidemq.clock import SystemClock
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.frame import RemotingCommand

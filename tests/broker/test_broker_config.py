@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tidemq.broker.config import (
-    BrokerConfig,
-    ConfigError,
-    example_config,
-    load_broker_config,
-    parse_properties,
-    render_config,
-)
+from tidemq.broker.config import BrokerConfig, ConfigError
+from tidemq.broker.config_file import example_config, load_broker_config, render_config
+from tidemq.broker.properties import parse_properties
 
 ROCKETMQ_CONF = """\
 # A broker.conf as RocketMQ ships it

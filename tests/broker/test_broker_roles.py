@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemq.broker.config import ConfigError, load_broker_config
+from tidemq.broker.config import ConfigError
+from tidemq.broker.config_file import load_broker_config
 
 REFUSED = "refused until TideMQ has replication"
 CLI_TIMEOUT_S = 30.0  # the CLI exits at once; before the fix it started a broker and stayed up

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tidemq.broker.app import BrokerApp
-from tidemq.broker.config import load_broker_config, render_config
+from tidemq.broker.config_file import load_broker_config, render_config
 from tidemq.clock import SystemClock
 from tidemq.namesrv.app import NamesrvApp
 from tidemq.namesrv.config import NamesrvConfig

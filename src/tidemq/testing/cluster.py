@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Final
 
 from tidemq.broker.app import BrokerApp
-from tidemq.broker.config import load_broker_config
+from tidemq.broker.config_file import load_broker_config
 from tidemq.clock import Clock, SystemClock
 from tidemq.namesrv.app import NamesrvApp
 from tidemq.namesrv.config import NamesrvConfig

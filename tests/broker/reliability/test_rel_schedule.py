@@ -11,7 +11,8 @@ import pytest
 from broker_harness import running_broker
 from rel_harness import FAST_LEVELS, wait_for_messages
 
-from tidemq.broker.config import ConfigError, load_broker_config
+from tidemq.broker.config import ConfigError
+from tidemq.broker.config_file import load_broker_config
 from tidemq.broker.delay_levels import DELAY_LEVELS_DEFAULT, parse_delay_levels
 from tidemq.broker.schedule import IDLE_WAIT_MS, DelayRouter, ScheduleService
 from tidemq.clock import FakeClock

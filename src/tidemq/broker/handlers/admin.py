@@ -15,7 +15,8 @@ import orjson
 
 from tidemq._version import __version__
 from tidemq.broker.clients import ClientRegistry
-from tidemq.broker.config import BrokerConfig, render_config
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.config_file import render_config
 from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.topics import TOPIC_QUEUE_NUMS_MAX, TopicTable
