@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import re
 import shutil
 import signal
 import socket
@@ -39,8 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from sidebyside.common import free_port
+from sidebyside.servers import rss_bytes
+
 from tidemq.clock import SystemClock
 from tidemq.store import FileMessageStore, MessageToStore, StoreConfig
+from tidemq.testing.resident import mapped_rss_by_file
 
 TOPIC: Final = "BenchRestart"
 QUEUES: Final = 8
@@ -48,14 +51,6 @@ BATCH: Final = 256  # messages per put_messages call while filling
 FLUSH_EVERY_BYTES: Final = 256 * 1024 * 1024  # keep the dirty page cache bounded while filling
 START_TIMEOUT_S: Final = 600.0  # a restart slower than this is a failure, not a figure
 SETTLE_S: Final = 2.0  # a few flush passes (500 ms each): flushed pages are released by then
-_MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def store_config(root: Path, segment_bytes: int) -> StoreConfig:
@@ -102,28 +97,9 @@ def fill(
     return count, size / elapsed / 2**20 if elapsed else 0.0
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS, RssAnon, RssFile of `pid` in bytes."""
-    figures: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile"):
-            figures[key] = int(value.split()[0]) * 1024
-    return figures
-
-
 def mapped_rss(prefix: str) -> int:
     """Resident bytes of this process's mappings of files under `prefix` (smaps)."""
-    total = 0
-    current: str | None = None
-    with Path("/proc/self/smaps").open() as smaps:
-        for line in smaps:
-            if _MAPPING.match(line):
-                parts = line.split(maxsplit=5)
-                current = parts[5].strip() if len(parts) == 6 else None
-            elif current is not None and current.startswith(prefix) and line.startswith("Rss:"):
-                total += int(line.split()[1]) * 1024
-    return total
+    return sum(rss for path, rss in mapped_rss_by_file().items() if path.startswith(prefix))
 
 
 def broker_restart(root: Path, segment_bytes: int, src: Path | None) -> dict[str, float]:
@@ -167,9 +143,9 @@ def broker_restart(root: Path, segment_bytes: int, src: Path | None) -> dict[str
             except OSError:
                 time.sleep(0.01)
         elapsed = time.perf_counter() - started
-        at_start = proc_status(process.pid)
+        at_start = rss_bytes(process.pid)
         time.sleep(SETTLE_S)
-        settled = proc_status(process.pid)
+        settled = rss_bytes(process.pid)
     finally:
         process.send_signal(signal.SIGTERM)
         try:

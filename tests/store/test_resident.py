@@ -7,7 +7,6 @@ mapped for each segment file, not what the store believes it released.
 from __future__ import annotations
 
 import mmap
-import re
 from pathlib import Path
 
 import pytest
@@ -18,35 +17,19 @@ from tidemq.store import FileMessageStore, StoreConfig
 from tidemq.store.commit_log import CommitLog, LogScanner
 from tidemq.store.consume_queue import CONSUME_QUEUE_RESIDENT_BYTES
 from tidemq.store.mapped_file import MappedFile, MappedFileQueue
+from tidemq.testing.resident import SMAPS, mapped_rss_by_file
 
-pytestmark = pytest.mark.skipif(
-    not Path("/proc/self/smaps").exists(), reason="needs Linux /proc/self/smaps"
-)
+pytestmark = pytest.mark.skipif(not SMAPS.exists(), reason="needs Linux /proc/self/smaps")
 
 PAGE = mmap.PAGESIZE
 SEGMENT = 256 * 1024  # 64 pages per commit-log segment
 TAIL = 64 * 1024
 BODY = b"b" * 1000
-_MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")
-
-
-def rss_by_file() -> dict[str, int]:
-    """Resident bytes per mapped file path of this process."""
-    rss: dict[str, int] = {}
-    current: str | None = None
-    with Path("/proc/self/smaps").open() as smaps:
-        for line in smaps:
-            if _MAPPING.match(line):
-                parts = line.split(maxsplit=5)
-                current = parts[5].strip() if len(parts) == 6 else None
-            elif current is not None and line.startswith("Rss:"):
-                rss[current] = rss.get(current, 0) + int(line.split()[1]) * 1024
-    return rss
 
 
 def segment_rss(directory: Path) -> dict[str, int]:
     """Resident bytes of each segment file under `directory` (0 for files not mapped)."""
-    rss = rss_by_file()
+    rss = mapped_rss_by_file()
     return {
         str(path.relative_to(directory)): rss.get(str(path), 0)
         for path in sorted(directory.rglob("*"))
@@ -158,19 +141,19 @@ def test_unflushed_pages_are_never_released(tmp_path: Path) -> None:
     try:
         mf.append(b"x" * (2 * PAGE + 100))
         assert files.release(0) == 0  # nothing flushed yet
-        assert rss_by_file()[path] == 3 * PAGE
+        assert mapped_rss_by_file()[path] == 3 * PAGE
         files.flush()
         assert files.release(0) == 2 * PAGE  # not the page still being written
-        assert rss_by_file()[path] == PAGE
+        assert mapped_rss_by_file()[path] == PAGE
         found = files.find_file(0)  # a reader: faults the pages back in
         assert found is mf
         assert mf.read(0, 2 * PAGE + 100) == b"x" * (2 * PAGE + 100)
         # The read fault maps its neighbours too (fault-around), here the rest of the file.
-        mapped = rss_by_file()[path]
+        mapped = mapped_rss_by_file()[path]
         assert mapped >= 3 * PAGE
         mf.append(b"y" * 10)
         assert files.release(0) == 2 * PAGE  # the pages read back in, again
-        assert rss_by_file()[path] == mapped - 2 * PAGE
+        assert mapped_rss_by_file()[path] == mapped - 2 * PAGE
         assert mf.read(2 * PAGE + 100, 10) == b"y" * 10
     finally:
         files.close()
@@ -190,7 +173,7 @@ def test_small_advances_wait_for_a_step(tmp_path: Path) -> None:
         mf.append(b"x" * PAGE)
         files.flush()
         assert files.release(keep) == 2 * PAGE
-        assert rss_by_file()[str(mf.path)] == keep
+        assert mapped_rss_by_file()[str(mf.path)] == keep
     finally:
         files.close()
 
@@ -203,7 +186,7 @@ def test_dontneed_on_a_shared_mapping_keeps_dirty_data(tmp_path: Path) -> None:
     try:
         mf.write_at(PAGE, b"dirty, never synced")
         mf.mm.madvise(mmap.MADV_DONTNEED, 0, mf.size)
-        assert rss_by_file().get(str(path), 0) == 0
+        assert mapped_rss_by_file().get(str(path), 0) == 0
         assert mf.read(PAGE, 19) == b"dirty, never synced"
         with path.open("rb") as f:
             f.seek(PAGE)

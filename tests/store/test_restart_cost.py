@@ -12,7 +12,6 @@ found (not a torn tail: the start is refused).
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -22,28 +21,17 @@ from tidemq.errors import StoreError
 from tidemq.protocol import record as rec
 from tidemq.store import FileMessageStore
 from tidemq.store.tools import verify
+from tidemq.testing.resident import SMAPS, mapped_rss_by_file
 
-pytestmark = pytest.mark.skipif(
-    not Path("/proc/self/smaps").exists(), reason="needs Linux /proc/self/smaps"
-)
+pytestmark = pytest.mark.skipif(not SMAPS.exists(), reason="needs Linux /proc/self/smaps")
 
 SEGMENT = 256 * 1024 * 1024
 RESIDENT = 4 * 1024 * 1024  # commitLogResidentBytes for these stores
-_MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")
 
 
 def mapped_rss(path: Path) -> int:
     """Resident bytes of this process's mappings of `path` (smaps, per mapping)."""
-    total = 0
-    current: str | None = None
-    with Path("/proc/self/smaps").open() as smaps:
-        for line in smaps:
-            if _MAPPING.match(line):
-                parts = line.split(maxsplit=5)
-                current = parts[5].strip() if len(parts) == 6 else None
-            elif current == str(path) and line.startswith("Rss:"):
-                total += int(line.split()[1]) * 1024
-    return total
+    return mapped_rss_by_file().get(str(path), 0)
 
 
 def open_big(opener: Opener, root: Path | None = None) -> FileMessageStore:

@@ -10,7 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemq.limits import BROKER_EXPIRY_MS, FRAME_SIZE_MAX
-from tidemq.remoting.inbound import FRAME_COMPLETION_TIMEOUT_MS, INCOMPLETE_FRAME_BYTES_MAX
+from tidemq.remoting.inbound import (
+    FRAME_COMPLETION_TIMEOUT_MS,
+    INCOMPLETE_FRAME_BYTES_MAX,
+    frame_bytes_held_max,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,7 +39,7 @@ class NamesrvConfig:
             raise ValueError("scan_interval_ms must be positive")
         if self.broker_expiry_ms < self.scan_interval_ms:
             raise ValueError("broker_expiry_ms must be at least scan_interval_ms")
-        if self.incomplete_frame_bytes_max < FRAME_SIZE_MAX + 4:
+        if self.incomplete_frame_bytes_max < frame_bytes_held_max(FRAME_SIZE_MAX):
             raise ValueError("incomplete_frame_bytes_max must hold at least one maximal frame")
         if self.frame_completion_timeout_ms <= 0:
             raise ValueError("frame_completion_timeout_ms must be positive")

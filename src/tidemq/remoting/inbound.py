@@ -38,7 +38,14 @@ INCOMPLETE_FRAME_BYTES_MAX: Final = 128 * MIB
 # at 0.6 MB/s); a Java client's own send timeout is 3 s.
 FRAME_COMPLETION_TIMEOUT_MS: Final = 30_000
 
-assert INCOMPLETE_FRAME_BYTES_MAX >= FRAME_SIZE_MAX + 4
+
+def frame_bytes_held_max(frame_size_max: int) -> int:
+    """The most one connection holds of an incomplete frame: its 4-byte length and up to
+    `frame_size_max` bytes after it. A budget below this could never receive a maximal frame."""
+    return frame_size_max + 4
+
+
+assert frame_bytes_held_max(FRAME_SIZE_MAX) <= INCOMPLETE_FRAME_BYTES_MAX
 
 EvictCallback = Callable[[], None]
 
@@ -78,11 +85,6 @@ class InboundFrames:
         self._decoder = FrameDecoder(frame_size_max)
         self.incomplete_since_ms: float | None = None
         self.name = ""
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes of the incomplete frame held now."""
-        return self._decoder.buffered
 
     def feed(self, data: bytes) -> list[RemotingCommand]:
         """Decode what `data` completes; hold the rest, charged to the budget (which may close

@@ -61,11 +61,6 @@ class LogLimit:
         self._lines = 0
         self._left_out = 0
 
-    @property
-    def left_out(self) -> int:
-        """Lines left out in the current window so far (not yet reported)."""
-        return self._left_out
-
     def log(self, level: int, message: str, *args: object) -> bool:
         """Log `message % args` at `level` unless this window is full; True when it was logged."""
         now_ms = self._clock.monotonic_ms()

@@ -27,6 +27,7 @@ from tidemq.remoting.inbound import (
     FRAME_COMPLETION_TIMEOUT_MS,
     INCOMPLETE_FRAME_BYTES_MAX,
     FrameBudget,
+    frame_bytes_held_max,
 )
 from tidemq.remoting.log_limit import LogLimit
 
@@ -68,7 +69,7 @@ class RemotingServer:
         assert idle_timeout_ms > 0
         assert frame_completion_timeout_ms > 0
         # Below one maximal frame, a legitimate maximal frame could never be received.
-        assert incomplete_frame_bytes_max >= frame_size_max + 4
+        assert incomplete_frame_bytes_max >= frame_bytes_held_max(frame_size_max)
         self._handlers = handlers
         self._host = host
         self._port_requested = port
