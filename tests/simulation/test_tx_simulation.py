@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tidemq.broker.transaction import half as hm
-from tidemq.broker.transaction.resolution import scan_queue
+from tidemq.broker.transaction.rebuild import scan_queue
 from tidemq.testing.sim_tx import TxSimConfig, TxSimReport, TxSimulation
 
 pytestmark = pytest.mark.simulation

@@ -1,8 +1,9 @@
 """The broker.conf key table: each RocketMQ key, the BrokerConfig field it sets, how its value
 parses and renders, and the comment it gets in conf/broker.example.conf.
 
-Kept apart from config.py, which owns the settings (the dataclass and its checks) and the
-layered loader: this table changes whenever a setting is added, the loader does not.
+Kept apart from config.py, which owns the settings (the dataclass and its checks), and from
+config_file.py, the layered loader: this table changes whenever a setting is added, the loader
+does not.
 """
 
 from __future__ import annotations
@@ -70,7 +71,12 @@ KEYS: Final[tuple[ConfigKey, ...]] = (
         "brokerClusterName", "broker_cluster_name", _parse_str, "Cluster this broker belongs to."
     ),
     ConfigKey("brokerName", "broker_name", _parse_str, "Name shared by a master and its slaves."),
-    ConfigKey("brokerId", "broker_id", parse_int, "0 = master, >0 = slave."),
+    ConfigKey(
+        "brokerId",
+        "broker_id",
+        parse_int,
+        "0 = master. Ids above 0 name slaves, refused until TideMQ has replication.",
+    ),
     ConfigKey(
         "brokerRole",
         "broker_role",

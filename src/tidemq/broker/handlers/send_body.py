@@ -32,9 +32,10 @@ that it "costs little next to the CRCs" does not hold. Only compressed sends pay
 maxMessageSize. It stays on the loop: a send moved to a thread would be stored after later
 sends of its connection (per-queue order).
 
-Logging: a refusal is answered to its sender every time, but logged at most once per
-POISON_LOG_INTERVAL_MS with the count of refusals since the last line, so a client that retries
-a bad body in a loop cannot flood the log.
+Logging: a refusal is answered to its sender every time, but logged through a LogLimit
+(remoting/log_limit.py) at most once per its window (LOG_WINDOW_MS, 10 s), the next line giving
+the count of refusals left out, so a client that retries a bad body in a loop cannot flood the
+log.
 """
 
 from __future__ import annotations
@@ -45,12 +46,9 @@ from typing import Final
 from tidemq.clock import Clock
 from tidemq.errors import ProtocolError
 from tidemq.protocol.message_batch import inflated_size
+from tidemq.remoting.log_limit import LogLimit
 
 log = logging.getLogger(__name__)
-
-# At most one log line per this many ms for refused compressed bodies: the count since the
-# last line is in the next one (a retrying client must not flood the log).
-POISON_LOG_INTERVAL_MS: Final = 10_000
 
 POISON_REMARK_PREFIX: Final = "the message body is flagged compressed but does not inflate"
 
@@ -58,14 +56,11 @@ POISON_REMARK_PREFIX: Final = "the message body is flagged compressed but does n
 class CompressedBodyCheck:
     """Refuses COMPRESSED bodies that do not inflate within `size_max` bytes; logs, rate-limited."""
 
-    __slots__ = ("_clock", "_last_log_ms", "_size_max", "_unlogged", "refused_count")
+    __slots__ = ("_log", "_size_max")
 
     def __init__(self, size_max: int, clock: Clock) -> None:
         self._size_max = size_max
-        self._clock = clock
-        self._last_log_ms: float | None = None
-        self._unlogged = 0
-        self.refused_count = 0  # sends refused since start
+        self._log = LogLimit(log, clock, lines_max=1)
 
     def check(self, body: bytes, topic: str, peer: str) -> str | None:
         """None when `body` inflates within the limit; else the refusal's remark (logged)."""
@@ -76,18 +71,10 @@ class CompressedBodyCheck:
         return None
 
     def refused(self, why: str, topic: str, peer: str) -> str:
-        """Count and log (rate-limited) a send refused because its body does not inflate
-        (`why`); its remark."""
+        """Log (rate-limited) a send refused because its body does not inflate (`why`); its
+        remark."""
         remark = f"{POISON_REMARK_PREFIX}: {why}"
-        self.refused_count += 1
-        now_ms = self._clock.monotonic_ms()
-        if self._last_log_ms is not None and now_ms - self._last_log_ms < POISON_LOG_INTERVAL_MS:
-            self._unlogged += 1
-            return remark
-        since = f" ({self._unlogged} more refused since the last line)" if self._unlogged else ""
-        log.warning(
-            "send to %s from %s refused with MESSAGE_ILLEGAL: %s%s", topic, peer, remark, since
+        self._log.warning(
+            "send to %s from %s refused with MESSAGE_ILLEGAL: %s", topic, peer, remark
         )
-        self._last_log_ms = now_ms
-        self._unlogged = 0
         return remark

@@ -79,7 +79,8 @@ from tidemq.broker.transaction.batch_record import (
     spark_txn_of,
 )
 from tidemq.broker.transaction.ledger import TransactionForgotten
-from tidemq.broker.transaction.resolution import EndResult, TransactionResolver, scan_queue
+from tidemq.broker.transaction.rebuild import scan_queue
+from tidemq.broker.transaction.resolution import EndResult, TransactionResolver
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput
 from tidemq.clock import Clock
 from tidemq.errors import ProtocolError

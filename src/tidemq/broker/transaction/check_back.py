@@ -57,13 +57,13 @@ from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.service import PeriodicService
 from tidemq.broker.transaction import half as hm
 from tidemq.broker.transaction.batch import SinkBatchResolver
-from tidemq.broker.transaction.resolution import (
+from tidemq.broker.transaction.rebuild import (
     SCAN_BATCH_MAX,
-    TransactionResolver,
     scan_queue,
     scan_records,
     start_offset,
 )
+from tidemq.broker.transaction.resolution import TransactionResolver
 from tidemq.broker.transaction.states import TxInput
 from tidemq.clock import Clock
 from tidemq.errors import ConnectionClosedError, ProtocolError
@@ -240,10 +240,7 @@ class CheckBackService:
                     check_times,
                     age_ms,
                 )
-                if not self._resolver.discard(half):
-                    return False
-                report.discarded += 1
-                return True
+                return self._discard(half, report)
             immunity_ms = hm.immunity_ms_of(half)
             due_ms = immunity_ms if immunity_ms is not None else self.config.timeout_ms
             if age_ms < due_ms:
@@ -269,6 +266,14 @@ class CheckBackService:
             log.error("skipping malformed half message %d: %s", half.queue_offset, exc)
             return True
 
+    def _discard(self, half: rec.StoredMessage, report: PassReport) -> bool:
+        """Discard a half message (its reason logged by the caller); False when the store
+        refused, so it is left for a later pass."""
+        if not self._resolver.discard(half):
+            return False
+        report.discarded += 1
+        return True
+
     def _has_live_producer(self, group: str) -> bool:
         return any(not connection.closed for connection in self._producers(group))
 
@@ -292,10 +297,7 @@ class CheckBackService:
                 group,
                 unreached,
             )
-            if not self._resolver.discard(half):
-                return False
-            report.discarded += 1
-            return True
+            return self._discard(half, report)
         if self._resolver.put_back(half, check_times, unreached + 1) is None:
             return False
         self._stats.check_no_producer += 1

@@ -40,15 +40,7 @@ from tidemq.broker.transaction.ledger import (
     pending_from,
     pending_of,
 )
-from tidemq.broker.transaction.rebuild import (
-    OUTCOMES_REPLAY_EXTRA,
-    REPAIR_CANDIDATES_MAX,
-    SCAN_BATCH_MAX,
-    rebuild_ledger,
-    scan_queue,
-    scan_records,
-    start_offset,
-)
+from tidemq.broker.transaction.rebuild import rebuild_ledger
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput, TxState, apply
 from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.clock import Clock
@@ -61,17 +53,11 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "END_RUN_MAX",
-    "OUTCOMES_REPLAY_EXTRA",
     "RECENT_HALF_AGE_MAX_MS",
     "RECENT_HALVES_MAX",
-    "REPAIR_CANDIDATES_MAX",
-    "SCAN_BATCH_MAX",
     "Answer",
     "EndResult",
     "TransactionResolver",
-    "scan_queue",
-    "scan_records",
-    "start_offset",
 ]
 
 # Half messages remembered from their prepare until their END (~1.5 KB each with a 1 KiB body:
