@@ -75,6 +75,35 @@ class FakeBroker:
         return request.response(ResponseCode.SUCCESS)
 
 
+def stored_record(
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    body: bytes,
+    *,
+    props: dict[str, str] | None = None,
+    sys_flag: int = 0,
+) -> bytes:
+    """A stored record as QueueBroker serves it (fixed hosts and times; the physical offset is
+    1000 per queue id plus the queue offset)."""
+    return encode_record(
+        topic=topic,
+        queue_id=queue_id,
+        body=body,
+        flag=0,
+        properties=pm.encode_properties(props or {}),
+        sys_flag=sys_flag,
+        born_timestamp=1,
+        born_host=("127.0.0.1", 5000),
+        store_timestamp=2,
+        store_host=("127.0.0.1", 10911),
+        reconsume_times=0,
+        prepared_transaction_offset=0,
+        queue_offset=queue_offset,
+        physical_offset=1000 * queue_id + queue_offset,
+    )
+
+
 def answer(code: int, remark: str = "scripted") -> Reply:
     return lambda request: request.response(code, remark=remark)
 
@@ -161,24 +190,7 @@ class QueueBroker(FakeBroker):
         props: dict[str, str] | None = None,
     ) -> None:
         stored = self.queues.setdefault((topic, queue_id), [])
-        stored.append(
-            encode_record(
-                topic=topic,
-                queue_id=queue_id,
-                body=body,
-                flag=0,
-                properties=pm.encode_properties(props or {}),
-                sys_flag=0,
-                born_timestamp=1,
-                born_host=("127.0.0.1", 5000),
-                store_timestamp=2,
-                store_host=("127.0.0.1", 10911),
-                reconsume_times=0,
-                prepared_transaction_offset=0,
-                queue_offset=len(stored),
-                physical_offset=1000 * queue_id + len(stored),
-            )
-        )
+        stored.append(stored_record(topic, queue_id, len(stored), body, props=props))
 
     def _pull(self, request: RemotingCommand) -> RemotingCommand:
         topic, qid = request.ext_fields["topic"], int(request.ext_fields["queueId"])

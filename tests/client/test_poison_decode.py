@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
-from client_fakes import FakeCluster, QueueBroker, until
+from client_fakes import FakeCluster, QueueBroker, stored_record, until
 
 from tidemq.client.consumer import PushConsumer
 from tidemq.client.message import ConsumeFromWhere, MessageExt, PullStatus
@@ -23,29 +23,14 @@ from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.protocol.record import BODY_OFFSET, encode_record
+from tidemq.protocol.record import BODY_OFFSET
 
 MQ = MessageQueue("T", "broker-a", 1)
 EVERYTHING = pm.parse_tag_expression("*")
 
 
 def record(offset: int, body: bytes = b"ok", *, sys_flag: int = 0, tags: str = "A") -> bytes:
-    return encode_record(
-        topic="T",
-        queue_id=1,
-        body=body,
-        flag=0,
-        properties=pm.encode_properties({"TAGS": tags}),
-        sys_flag=sys_flag,
-        born_timestamp=1,
-        born_host=("127.0.0.1", 5000),
-        store_timestamp=2,
-        store_host=("127.0.0.1", 10911),
-        reconsume_times=0,
-        prepared_transaction_offset=0,
-        queue_offset=offset,
-        physical_offset=1000 + offset,
-    )
+    return stored_record("T", MQ.queue_id, offset, body, props={"TAGS": tags}, sys_flag=sys_flag)
 
 
 def poison(offset: int) -> bytes:
@@ -172,22 +157,7 @@ async def test_push_consumer_gets_past_a_broken_frame_and_a_poison_record(qfake)
         b.put("TopicA", 0, f"m{i}".encode())
     stored = b.queues[("TopicA", 0)]
     stored[5] = GARBAGE
-    stored[8] = encode_record(
-        topic="TopicA",
-        queue_id=0,
-        body=b"not zlib",
-        flag=0,
-        properties="",
-        sys_flag=pm.SysFlag.COMPRESSED,
-        born_timestamp=1,
-        born_host=("127.0.0.1", 5000),
-        store_timestamp=2,
-        store_host=("127.0.0.1", 10911),
-        reconsume_times=0,
-        prepared_transaction_offset=0,
-        queue_offset=8,
-        physical_offset=8,
-    )
+    stored[8] = stored_record("TopicA", 0, 8, b"not zlib", sys_flag=pm.SysFlag.COMPRESSED)
     got: list[MessageExt] = []
     c = PushConsumer(
         "CG",

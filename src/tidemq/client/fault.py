@@ -76,8 +76,9 @@ Q = TypeVar("Q", bound=_HasBroker)
 class _Fault:
     latency_ms: float
     eligible_at_ms: float
-    failed: bool = False  # skipped for a failure (probed), not for being slow
-    probe_at_ms: float = 0.0
+    # When its next probe is due if skipped for a failure (probed); None if skipped for being
+    # slow (not probed).
+    probe_at_ms: float | None = None
 
 
 class FaultTracker:
@@ -106,9 +107,9 @@ class FaultTracker:
         # More failures while skipped (sends that were in flight) do not postpone the probe.
         previous = self._faults.get(broker_name)
         probe_at_ms = now_ms + PROBE_INTERVAL_MS
-        if previous is not None and previous.failed:
+        if previous is not None and previous.probe_at_ms is not None:
             probe_at_ms = min(previous.probe_at_ms, probe_at_ms)
-        self._faults[broker_name] = _Fault(charged_ms, eligible_at_ms, True, probe_at_ms)
+        self._faults[broker_name] = _Fault(charged_ms, eligible_at_ms, probe_at_ms)
         if self._on_failure is not None:
             self._on_failure(broker_name)
 
@@ -116,7 +117,9 @@ class FaultTracker:
         """How long until a broker skipped for a failure is due a probe (<= 0: now), or None
         when no broker is skipped for a failure."""
         due = [
-            f.probe_at_ms for f in self._faults.values() if f.failed and f.eligible_at_ms > now_ms
+            f.probe_at_ms
+            for f in self._faults.values()
+            if f.probe_at_ms is not None and f.eligible_at_ms > now_ms
         ]
         return min(due) - now_ms if due else None
 
@@ -126,7 +129,7 @@ class FaultTracker:
         names = [
             name
             for name, f in self._faults.items()
-            if f.failed and f.eligible_at_ms > now_ms and f.probe_at_ms <= now_ms
+            if f.probe_at_ms is not None and f.probe_at_ms <= now_ms < f.eligible_at_ms
         ]
         for name in names:
             self._faults[name] = dataclasses.replace(

@@ -111,15 +111,15 @@ class RouteCache:
 
     def __init__(self) -> None:
         self._routes: dict[str, _Entry] = {}
-        # broker name → {broker id → address}; kept for brokers of any cached route.
+        # broker name → {broker id → address}; kept for brokers of any cached route (and of
+        # cluster info, put_brokers).
         self._brokers: dict[str, dict[int, str]] = {}
 
     def put(self, topic: str, route: TopicRouteData, now_ms: float) -> bool:
         """Store `route`; True if it differs from the cached one (the caller may rebalance)."""
         previous = self._routes.get(topic)
         self._routes[topic] = _Entry(route, now_ms)
-        for broker in route.broker_datas:
-            self._brokers[broker.broker_name] = dict(broker.broker_addrs)
+        self.put_brokers(route.broker_datas)
         return previous is None or previous.route != route
 
     def put_brokers(self, brokers: Iterable[BrokerData]) -> None:
