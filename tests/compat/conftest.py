@@ -35,6 +35,7 @@ import pytest
 
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import FrameDecoder, RemotingCommand, encode
+from tidemq.testing.processes import free_port
 
 COMPAT_DIR = Path(__file__).resolve().parent
 CPP_DRIVER = COMPAT_DIR / "cpp_driver.py"
@@ -52,13 +53,6 @@ LOG_TAIL_CHARS = 6000  # How much of a server or driver log a failure message qu
 def unique(prefix: str) -> str:
     """A topic or group name no other test (or earlier run on the same server) uses."""
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def tail(path: Path) -> str:

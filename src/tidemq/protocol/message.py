@@ -292,13 +292,13 @@ def remove_canonical_property(text: str, props: dict[str, str], key: str) -> str
 def edit_properties(
     text: str,
     props: dict[str, str],
-    remove: str,
+    remove: str | None,
     add: Mapping[str, str],
     add_text: str | None = None,
 ) -> str:
-    """`text` with the property `remove` dropped and then `add` set, as encode_properties of the
-    edited map gives it; `props` is edited to match. `add_text` is encode_properties(add), when
-    the caller holds it.
+    """`text` with the property `remove` (if any) dropped and then `add` set, as
+    encode_properties of the edited map gives it; `props` is edited to match. `add_text` is
+    encode_properties(add), when the caller holds it.
 
     By string operations when `text` is canonical and has no key of `add` (what every client
     sends); else the careful way.
@@ -307,10 +307,12 @@ def edit_properties(
         ProtocolError: as encode_properties, for a key or value of `add` it cannot encode.
     """
     if properties_are_canonical(text, props) and add.keys().isdisjoint(props):
-        text = remove_canonical_property(text, props, remove)
+        if remove is not None:
+            text = remove_canonical_property(text, props, remove)
         props.update(add)
         return text + (encode_properties(add) if add_text is None else add_text)
-    props.pop(remove, None)
+    if remove is not None:
+        props.pop(remove, None)
     props.update(add)
     return encode_properties(props)
 
@@ -322,11 +324,7 @@ def add_properties(text: str, props: dict[str, str], add: Mapping[str, str]) -> 
     Raises:
         ProtocolError: as encode_properties, for a key or value of `add` it cannot encode.
     """
-    if properties_are_canonical(text, props) and add.keys().isdisjoint(props):
-        props.update(add)
-        return text + encode_properties(add)
-    props.update(add)
-    return encode_properties(props)
+    return edit_properties(text, props, None, add)
 
 
 # The operations below work on any properties string, canonical or not, and keep every other

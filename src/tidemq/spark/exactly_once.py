@@ -160,10 +160,7 @@ class HalfSender:
     def send(self, message: Message, sharding_key: str | None = None) -> None:
         for attempt in range(1, HALF_SEND_ATTEMPTS_MAX + 1):
             try:
-                if sharding_key is None:
-                    result = self._producer.send(message)
-                else:
-                    result = self._producer.send(message, sharding_key=sharding_key)
+                result = self._producer.send(message, sharding_key=sharding_key)
             except Exception as exc:
                 if not never_stored(exc) or attempt == HALF_SEND_ATTEMPTS_MAX:
                     raise

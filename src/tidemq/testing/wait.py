@@ -28,15 +28,12 @@ async def eventually(
         timeout_s: how long to wait in all.
         what: the condition's description for the error (default: the predicate's name).
     """
-    interval_s = POLL_INTERVAL_S_MIN
-    try:
-        async with asyncio.timeout(timeout_s):
-            while not predicate():
-                await asyncio.sleep(interval_s)
-                interval_s = min(interval_s * 2, POLL_INTERVAL_S_MAX)
-    except TimeoutError:
-        name = what or getattr(predicate, "__qualname__", repr(predicate))
-        raise TimeoutError(f"not true after {timeout_s} s: {name}") from None
+
+    async def check() -> bool:
+        return predicate()
+
+    name = what or getattr(predicate, "__qualname__", repr(predicate))
+    await eventually_async(check, timeout_s, what=name)
 
 
 async def eventually_async(
