@@ -6,6 +6,8 @@
       StoreError                 the store refused an operation
         StoreFullError           disk usage above diskMaxUsedSpaceRatio
         MessageTooLargeError     body or properties over their limits
+        ReplicaOffsetError       replication at an offset the log does not hold or continue from
+        ReplicaCorruptError      a master's log bytes that are no valid record or blank marker
       BrokerError                a broker or name server answered with a non-success code
         (one subclass per ResponseCode, built below; `error_for_code(code)` picks it)
       ClientError                failures on the client side
@@ -46,6 +48,16 @@ class StoreFullError(StoreError):
 
 class MessageTooLargeError(StoreError):
     pass
+
+
+class ReplicaOffsetError(StoreError):
+    """A slave's append not at its log's end, or a master's read of bytes it no longer (or
+    does not yet) hold (store/replica.py)."""
+
+
+class ReplicaCorruptError(StoreError):
+    """Bytes from a master that are not a valid commit-log unit; the valid units before them
+    were appended (store/replica.py)."""
 
 
 class BrokerError(QueueError):

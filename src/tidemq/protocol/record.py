@@ -344,6 +344,12 @@ def queue_offset_at(buf: Buffer, offset: int = 0) -> int:
     return value
 
 
+def physical_offset_at(buf: Buffer, offset: int = 0) -> int:
+    """PHYSICALOFFSET of the record at `offset`, unchecked: for records the store handed out."""
+    value: int = _QUEUE_OFFSET.unpack_from(buf, offset + PHYSICAL_OFFSET_POS)[0]
+    return value
+
+
 STORE_TIMESTAMP_SIZE: Final = 8
 _STORE_TIMESTAMP: Final = struct.Struct(">q")
 assert _STORE_TIMESTAMP.size == STORE_TIMESTAMP_SIZE

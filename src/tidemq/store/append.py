@@ -15,6 +15,10 @@ whatever neighbours (tests/store/test_put_each.py).
 
 A run is dispatched as soon as it is written, so an OSError in a later segment leaves the earlier
 runs written, dispatched and answered.
+
+Records read back from the log get the same entries from `Appender.dispatch_scanned` (recovery,
+the re-dispatch after a failed dispatch) and `dispatch_scanned_run` (a slave's append of its
+master's records, store/replica.py): the entries derive from the record alone (store/dispatch.py).
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from tidemq.clock import Clock
+from tidemq.protocol import message as props
 from tidemq.protocol import record as rec
 from tidemq.store import dispatch as dsp
 from tidemq.store import put
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import StoreConfig
-from tidemq.store.consume_queue import ConsumeQueue
+from tidemq.store.consume_queue import ConsumeQueue, PutAt
 from tidemq.store.dispatch import TX_MASK, TX_PREPARED, TX_ROLLBACK
 from tidemq.store.index import IndexService
 from tidemq.store.types import DispatchEvent, MessageToStore, PutResult, PutStatus
@@ -294,6 +299,49 @@ class Appender:
                     listener(event)
                 except Exception:
                     logger.exception("dispatch listener %r failed", listener)
+
+    def dispatch_scanned(self, message: rec.StoredMessage, index_it: bool) -> PutAt | None:
+        """Dispatch one record read back from the log (recovery's scan, the re-dispatch after a
+        failed dispatch): its consume-queue entry at the queue offset it carries and
+        (`index_it`) its index entries, as `append` gave them. No event: the caller sends those
+        (dispatch_retry.notify_listeners) once the records are dispatched. Returns the consume
+        queue's PutAt (None: the record gets no entry)."""
+        index_entries: list[tuple[str, int, int]] = []
+        outcome = self._scanned_entries(message, index_entries if index_it else None)
+        if index_entries:
+            self._index.put_many(index_entries)
+        return outcome
+
+    def dispatch_scanned_run(self, messages: Sequence[rec.StoredMessage]) -> list[PutAt | None]:
+        """`dispatch_scanned` of consecutive records, all indexed, their index entries with one
+        index-header update (a slave's append of its master's records, store/replica.py)."""
+        index_entries: list[tuple[str, int, int]] = []
+        outcomes = [self._scanned_entries(message, index_entries) for message in messages]
+        if index_entries:
+            self._index.put_many(index_entries)
+        return outcomes
+
+    def _scanned_entries(
+        self, message: rec.StoredMessage, index_entries: list[tuple[str, int, int]] | None
+    ) -> PutAt | None:
+        """Write the consume-queue entry of `message`; add its index entries to
+        `index_entries` (None: not indexed)."""
+        properties = props.decode_properties(message.properties)
+        tx = message.sys_flag & TX_MASK
+        outcome = None
+        if tx != TX_PREPARED and tx != TX_ROLLBACK:
+            outcome = self._queue_of(message.topic, message.queue_id).put_at(
+                message.queue_offset,
+                message.physical_offset,
+                message.total_size,
+                dsp.tags_code_of(properties),
+            )
+        if index_entries is not None and tx != TX_ROLLBACK:
+            for key in dsp.index_keys(properties):
+                index_entries.append(
+                    (f"{message.topic}#{key}", message.physical_offset, message.store_timestamp)
+                )
+        return outcome
 
 
 class DispatchFailed(OSError):

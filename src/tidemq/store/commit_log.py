@@ -14,9 +14,12 @@ When a record plus the 8-byte marker does not fit in what is left of a segment, 
 written and the record goes to the start of the next segment, so a record never spans segments
 and the marker is always there to say "continue in the next file".
 
-`LogScanner` walks the log from an offset, checking every record's CRC, and stops at the first
-thing that is neither a valid record nor a valid blank marker: that offset is the log's end.
-Recovery, `verify` and `dump` all use it.
+What may stand at a position is decided once, by `unit_at`: a record (magic, CRC required, its
+own physical offset, leaving room for the marker), a blank marker (its size is exactly the rest
+of the segment), zeros (the end), or nothing valid (CorruptRecordError says why). `LogScanner`
+walks the log from an offset with it and stops at the first thing that is neither a valid record
+nor a valid blank marker: that offset is the log's end. Recovery, `verify` and `dump` all use
+the scanner; a slave's append of its master's bytes (store/replica.py) uses `unit_at` on them.
 
 Resident memory: each `flush` releases the flushed pages more than `resident_bytes` behind the
 write position, and the pages readers faulted back in below that (mapped_file.py), so the
@@ -27,9 +30,11 @@ has walked through, so recovering or verifying a long log does not map all of it
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from tidemq.errors import CorruptRecordError
 from tidemq.protocol import record as rec
@@ -153,6 +158,63 @@ class CommitLog:
         self.files.close()
 
 
+class UnitKind(enum.Enum):
+    RECORD = "record"
+    BLANK = "blank"  # the segment's end marker: the rest of the segment belongs to it
+    END = "end"  # zeros where a unit would start: nothing was written here
+    PARTIAL = "partial"  # the buffer ends before the unit does (bytes still to come)
+
+
+class Unit(NamedTuple):
+    """What the log holds at one position (`unit_at`)."""
+
+    kind: UnitKind
+    # The log bytes the unit covers: a record's TOTALSIZE, a blank marker the rest of its
+    # segment; 0 for END and PARTIAL.
+    size: int
+    message: rec.StoredMessage | None  # a RECORD's, decoded
+
+
+def unit_at(buf: rec.Buffer, pos: int, offset: int, remaining: int) -> Unit:
+    """The unit at `buf[pos]`, which holds the log byte at physical `offset`, `remaining` bytes
+    before its segment ends. `buf` may end anywhere (PARTIAL: the rest is still to come); a
+    mapped segment holds every unit whole.
+
+    Raises:
+        CorruptRecordError: nothing valid starts here: the segment ends without room for a
+            marker, a marker's size is not the rest of the segment, a bad magic, a record
+            that would not leave room for the marker, fails its CRC or claims another offset.
+    """
+    if remaining < rec.BLANK_MARKER_SIZE:
+        raise CorruptRecordError("segment ends without a blank marker")
+    if len(buf) - pos < rec.BLANK_MARKER_SIZE:
+        return Unit(UnitKind.PARTIAL, 0, None)
+    size, magic = rec.record_head_at(buf, pos)
+    if magic == rec.BLANK_MAGIC and size == remaining:
+        return Unit(UnitKind.BLANK, remaining, None)
+    if size == 0 and magic == 0:
+        return Unit(UnitKind.END, 0, None)
+    if magic == rec.BLANK_MAGIC:
+        raise CorruptRecordError(
+            f"blank marker at offset {offset} says {size} bytes, the segment has {remaining} left"
+        )
+    if magic != rec.MAGIC_RECORD:
+        raise CorruptRecordError(f"bad magic 0x{magic:08X} (size {size}) at offset {offset}")
+    if not rec.RECORD_FIXED_SIZE <= size <= remaining - rec.BLANK_MARKER_SIZE:
+        raise CorruptRecordError(
+            f"record size {size} at offset {offset} does not fit its segment "
+            f"({remaining} bytes left, {rec.BLANK_MARKER_SIZE} kept for the marker)"
+        )
+    if len(buf) - pos < size:
+        return Unit(UnitKind.PARTIAL, 0, None)
+    message = rec.decode_record(buf, pos, require_crc=True)
+    if message.physical_offset != offset:
+        raise CorruptRecordError(
+            f"record at offset {offset} claims offset {message.physical_offset}"
+        )
+    return Unit(UnitKind.RECORD, size, message)
+
+
 class LogScanner:
     """Iterates valid records from `start`; afterwards `end_offset` and `stop_reason` say where
     and why it stopped ("end" for a clean end: zeros after the last record or no more files)."""
@@ -177,11 +239,12 @@ class LogScanner:
             if pos < mf.touched_from:
                 mf.touched_from = pos
             while True:
-                if pos + rec.BLANK_MARKER_SIZE > mf.size:
-                    self._stop(offset, "segment ends without a blank marker")
+                try:
+                    unit = unit_at(mf.mm, pos, offset, mf.size - pos)
+                except CorruptRecordError as exc:
+                    self._stop(offset, str(exc))
                     return
-                size, magic = rec.record_head_at(mf.mm, pos)
-                if magic == rec.BLANK_MAGIC and size == mf.size - pos:
+                if unit.kind is UnitKind.BLANK:
                     if index + 1 == len(files):
                         # Log ends with a marker: the end is the marker (rewritten on append).
                         self._stop(offset, "end")
@@ -189,20 +252,12 @@ class LogScanner:
                     offset = mf.end_offset
                     mf.release(mf.size)  # walked through: unmap it before the next one
                     break
-                if size == 0 and magic == 0:
+                if unit.message is None:  # END (a mapped segment holds every unit whole)
                     self._stop(offset, "end")
                     return
-                try:
-                    message = rec.decode_record(mf.mm, pos, require_crc=True)
-                except CorruptRecordError as exc:
-                    self._stop(offset, str(exc))
-                    return
-                if message.physical_offset != offset:
-                    self._stop(offset, f"record claims offset {message.physical_offset}")
-                    return
-                yield message
-                pos += size
-                offset += size
+                yield unit.message
+                pos += unit.size
+                offset += unit.size
         self._stop(offset, "end")
 
     def _stop(self, offset: int, reason: str) -> None:

@@ -29,9 +29,9 @@ from typing import Final
 
 from tidemq.errors import StoreError
 from tidemq.protocol import message as props
-from tidemq.protocol.record import StoredMessage
+from tidemq.protocol.record import CRC_PROPERTY, StoredMessage
 from tidemq.store import dispatch as dsp
-from tidemq.store.append import Listeners, wanting
+from tidemq.store.append import DispatchListener, Listeners, wanting
 from tidemq.store.commit_log import CommitLog, LogScanner
 from tidemq.store.types import DispatchEvent
 
@@ -88,7 +88,15 @@ def redispatch_from(
     for message in scanner.records():
         dispatch(message)
         scanned.append(message)
-    if scanner.end_offset != log.max_offset:
+    last = log.files.last_file()
+    # A full last segment (a slave's log may end so, store/replica.py) ends at its marker.
+    at_marker = (
+        scanner.stop_reason == "end"
+        and last is not None
+        and last.wrote == last.size
+        and last.start_offset <= scanner.end_offset
+    )
+    if scanner.end_offset != log.max_offset and not at_marker:
         raise StoreError(
             f"re-dispatch stopped at commit-log offset {scanner.end_offset} before the end "
             f"{log.max_offset}: {scanner.stop_reason}"
@@ -97,23 +105,34 @@ def redispatch_from(
 
 
 def notify_listeners(listeners: Listeners, messages: list[StoredMessage]) -> None:
-    """Send the dispatch events the put path would have sent for `messages`, in order (pull
-    hold wake-ups, delay and timer scheduling), once they are re-dispatched."""
+    """Send the dispatch events the put path sent for `messages`, in order (pull hold
+    wake-ups, delay and timer scheduling), once they are dispatched from the log (re-dispatch
+    here, a slave's append: store/replica.py). The event's properties are the put's: without
+    the pairs the store added to the record (its CRC, an explicit tags code)."""
+    wanted: dict[str, list[DispatchListener]] = {}  # asked once per topic, as a put does
     for message in messages:
         if message.sys_flag & dsp.TX_MASK in (dsp.TX_PREPARED, dsp.TX_ROLLBACK):
             continue
+        targets = wanted.get(message.topic)
+        if targets is None:
+            targets = wanted[message.topic] = wanting(listeners, message.topic)
+        if not targets:
+            continue  # nobody wants this topic's events: no event built
         properties = props.decode_properties(message.properties)
+        properties.pop(CRC_PROPERTY, None)
+        tags_code = dsp.tags_code_of(properties)
+        properties.pop(dsp.TAGS_CODE_PROPERTY, None)
         event = DispatchEvent(
             message.topic,
             message.queue_id,
             message.queue_offset,
             message.physical_offset,
             message.total_size,
-            dsp.tags_code_of(properties),
+            tags_code,
             message.store_timestamp,
             properties,
         )
-        for listener in wanting(listeners, message.topic):
+        for listener in targets:
             try:
                 listener(event)
             except Exception:

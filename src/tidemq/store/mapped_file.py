@@ -170,7 +170,7 @@ class MappedFile:
     def remaining(self) -> int:
         return self.size - self.wrote
 
-    def append(self, data: bytes) -> int:
+    def append(self, data: bytes | memoryview) -> int:
         """Write at `wrote`, advance it, and return the position written at (relative)."""
         pos = self.wrote
         end = pos + len(data)

@@ -17,6 +17,10 @@ appends the record and dispatches it at once (consume-queue entry, index entries
 store/append.py), so a record is readable as soon as put returns. Durability is the flush's
 business: the broker waits for `flushed_physical_offset` (SYNC_FLUSH) or flushes periodically
 (ASYNC_FLUSH).
+
+Replication (store/replica.py): a master's HA senders read the log with `read_replica`, woken
+by the append listeners; a slave's store, in replica mode (puts refused), takes its master's
+bytes with `append_replica`, which dispatches them as the put did on the master.
 """
 
 from __future__ import annotations
@@ -31,16 +35,16 @@ from pathlib import Path
 from typing import Final
 
 from tidemq.clock import Clock
-from tidemq.errors import CorruptRecordError, StoreError
-from tidemq.limits import PULL_BYTES_MAX, PULL_MESSAGE_COUNT_MAX
+from tidemq.errors import StoreError
+from tidemq.limits import PULL_BYTES_MAX
 from tidemq.protocol import message as props
 from tidemq.protocol import record as rec
-from tidemq.store import append, put, queue_manifest
+from tidemq.store import append, get, put, queue_manifest, replica
 from tidemq.store import dispatch as dsp
 from tidemq.store.checkpoint import Checkpoint, CheckpointFile, read_checkpoint
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import StoreConfig
-from tidemq.store.consume_queue import ConsumeQueue, PutAt
+from tidemq.store.consume_queue import ConsumeQueue
 from tidemq.store.dispatch_retry import DispatchRetry, notify_listeners, redispatch_from
 from tidemq.store.index import IndexService
 from tidemq.store.lock import StoreLock
@@ -56,12 +60,12 @@ from tidemq.store.types import (
 
 logger = logging.getLogger(__name__)
 
-# A filtered pull reads at most this many consume-queue entries (RocketMQ maxFilterMessageCount).
-GET_SCAN_ENTRIES_MAX: Final = 16_000
 # Disk usage is measured at most this often (a statvfs per put would be wasteful).
 DISK_CHECK_INTERVAL_MS: Final = 1_000
 # query_by_key reads this many extra candidates, for hash collisions and stale entries.
 QUERY_CANDIDATES_EXTRA: Final = 64
+# A slave's put answer (the broker refuses sends to a slave before, with SLAVE_NOT_AVAILABLE).
+REPLICA_MODE_REFUSAL: Final = "store is a slave replica: writes come from its master"
 
 DiskUsageProbe = Callable[[Path], float]
 
@@ -94,6 +98,9 @@ class FileMessageStore:
         )
         self._checkpoint: CheckpointFile | None = None
         self._listeners: append.Listeners = []
+        # Told the new max physical offset after each put pass or replica append that wrote.
+        self._append_listeners: list[Callable[[int], None]] = []
+        self._replica_mode = False  # a slave's: its writes come from its master only
         self._probe = disk_usage_probe or _measure_disk_usage
         self._disk_ratio = 0.0
         self._disk_checked_ms: float | None = None
@@ -158,7 +165,7 @@ class FileMessageStore:
                     checkpoint=checkpoint,
                     clean_stop=clean_stop,
                     full=full,
-                    dispatch=self._redispatch,
+                    dispatch=self._appender.dispatch_scanned,
                     queues=lambda: list(self._queues.values()),
                     corrupt_policy=self.config.corrupt_policy,
                     exact_start=exact,
@@ -230,24 +237,6 @@ class FileMessageStore:
         per topic in each put, so records nobody wants cost no event at all."""
         self._listeners.append((fn, wants))
 
-    def _redispatch(self, message: rec.StoredMessage, index_it: bool) -> PutAt | None:
-        """Recovery's dispatch of one scanned record: its consume-queue entry and (`index_it`)
-        index entries, as the put path (store/append.py) gave them."""
-        properties = props.decode_properties(message.properties)
-        tags_code = dsp.tags_code_of(properties)
-        tx = message.sys_flag & dsp.TX_MASK
-        outcome = None
-        if tx not in (dsp.TX_PREPARED, dsp.TX_ROLLBACK):
-            outcome = self._queue(message.topic, message.queue_id).put_at(
-                message.queue_offset, message.physical_offset, message.total_size, tags_code
-            )
-        if index_it and tx != dsp.TX_ROLLBACK:
-            for key in dsp.index_keys(properties):
-                self._index.put(
-                    f"{message.topic}#{key}", message.physical_offset, message.store_timestamp
-                )
-        return outcome
-
     # --- put ----------------------------------------------------------------------------------
 
     def put_message(self, msg: MessageToStore) -> PutResult:
@@ -287,6 +276,8 @@ class FileMessageStore:
     def _check_writable(self) -> PutResult | None:
         if not self._running:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error="store is not running")
+        if self._replica_mode:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=REPLICA_MODE_REFUSAL)
         if self._appender.broken is not None and not self.retry_dispatch():
             wait_ms = max(0.0, self._retry.due_ms - self.clock.monotonic_ms())
             error = f"{self._appender.broken}; next try in {wait_ms:.0f} ms"
@@ -305,22 +296,38 @@ class FileMessageStore:
         results: list[PutResult] = []
         if not prepared:
             return results
+        before = self._log.max_offset
         try:
             self._appender.append(prepared, results)
         except OSError as exc:
+            self._append_failed(exc)
             status = (
                 PutStatus.SERVICE_NOT_AVAILABLE
                 if exc.errno == errno.ENOSPC
                 else PutStatus.UNKNOWN_ERROR
             )
-            if isinstance(exc, append.DispatchFailed):
-                logger.exception("commit-log append stopped: %s", exc)
-                self._retry.start(self.clock.monotonic_ms())
-            else:
-                logger.exception("commit-log append failed")
             failed = PutResult(status, error=f"append failed: {exc}")
             results.extend([failed] * (len(prepared) - len(results)))
+        self._tell_appended(before)
         return results
+
+    def _append_failed(self, exc: OSError) -> None:
+        if isinstance(exc, append.DispatchFailed):
+            logger.exception("commit-log append stopped: %s", exc)
+            self._retry.start(self.clock.monotonic_ms())
+        else:
+            logger.exception("commit-log append failed")
+
+    def _tell_appended(self, before: int) -> None:
+        """Tell the append listeners the log's new end, if it moved past `before`."""
+        end = self._log.max_offset
+        if end == before:
+            return
+        for listener in self._append_listeners:
+            try:
+                listener(end)
+            except Exception:
+                logger.exception("append listener %r failed", listener)
 
     def retry_dispatch(self) -> bool:
         """Re-dispatch what a failed dispatch left undispatched, if a retry is due (backoff:
@@ -336,7 +343,9 @@ class FileMessageStore:
             return False
         start = self._appender.dispatched
         try:
-            scanned = redispatch_from(self._log, start, lambda m: self._redispatch(m, True))
+            scanned = redispatch_from(
+                self._log, start, lambda m: self._appender.dispatch_scanned(m, True)
+            )
         except (OSError, StoreError) as exc:
             self._retry.failed(now)
             logger.warning(
@@ -358,6 +367,54 @@ class FileMessageStore:
         notify_listeners(self._listeners, scanned)
         return True
 
+    # --- replication (store/replica.py) -------------------------------------------------------
+
+    def set_replica_mode(self, on: bool) -> None:
+        """While on, puts answer SERVICE_NOT_AVAILABLE: a slave's writes come from its master."""
+        self._replica_mode = on
+
+    @property
+    def replica_mode(self) -> bool:
+        return self._replica_mode
+
+    def add_append_listener(self, fn: Callable[[int], None]) -> None:
+        """Call `fn` on the writer's thread with the new `max_physical_offset` after each put
+        pass or replica append that wrote something (an HA master wakes its senders)."""
+        self._append_listeners.append(fn)
+
+    def append_replica(self, offset: int, data: bytes | memoryview) -> int:
+        """Append the whole units of `data`, the master's log bytes from `offset`, and dispatch
+        their records; returns the bytes consumed (the caller keeps the rest for the next
+        frame). After any error, `max_physical_offset` is where the next bytes must start.
+
+        Raises:
+            ReplicaOffsetError: `offset` is not `max_physical_offset` (an empty store: not a
+                segment start).
+            ReplicaCorruptError: a unit is not valid; the valid units before it are appended.
+            StoreError: the store is not running, its dispatch is broken, or a write failed.
+        """
+        if not self._running:
+            raise StoreError("store is not running")
+        if self._appender.broken is not None and not self.retry_dispatch():
+            raise StoreError(self._appender.broken)
+        before = self._log.max_offset
+        try:
+            return replica.append_replica(self._log, self._appender, self._listeners, offset, data)
+        except OSError as exc:
+            self._append_failed(exc)
+            raise StoreError(f"replica append failed: {exc}") from exc
+        finally:
+            self._tell_appended(before)
+
+    def read_replica(self, offset: int, size_max: int) -> bytes:
+        """The log bytes at `offset` to the end of its segment's data, at most `size_max` (b""
+        at the end). Raises ReplicaOffsetError below the first or beyond the last byte."""
+        return replica.read_replica(self._log, offset, size_max)
+
+    def bytes_before(self, end: int, size_max: int) -> bytes:
+        """Up to `size_max` log bytes ending at `end`, from the segment holding `end - 1`."""
+        return replica.bytes_before(self._log, end, size_max)
+
     # --- get ----------------------------------------------------------------------------------
 
     def get_messages(
@@ -374,51 +431,9 @@ class FileMessageStore:
         cq = self._queues.get((topic, queue_id))
         if cq is None:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE)
-        lo, hi = cq.min_offset, cq.max_offset
-        if hi == 0:
-            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
-        if offset < lo:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
-        if offset == hi:
-            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
-        if offset > hi:
-            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], hi, lo, hi)
-        max_count = max(1, min(max_count, PULL_MESSAGE_COUNT_MAX))
-        records: list[bytes] = []
-        total = 0
-        next_offset = offset
-        removing = False
-        log_min = self._log.min_offset
-        for index, phys, size, tags in cq.entries(offset, GET_SCAN_ENTRIES_MAX):
-            if len(records) >= max_count or (records and total + size > max_bytes):
-                break
-            next_offset = index + 1
-            if phys < log_min:
-                removing = True
-                continue
-            if tag_codes is not None and tags not in tag_codes:
-                continue
-            data = self._log.read(phys, size)
-            try:
-                if data is None:
-                    raise CorruptRecordError(f"no record of {size} bytes at {phys}")
-                rec.check_record(data)
-                if message_filter is not None and not message_filter(rec.decode_record(data)):
-                    continue
-            except CorruptRecordError as exc:
-                logger.error("%s/%d offset %d not served: %s", topic, queue_id, index, exc)
-                continue
-            records.append(data)
-            total += size
-        else:
-            next_offset = min(offset + GET_SCAN_ENTRIES_MAX, hi)
-        if records:
-            status = GetStatus.FOUND
-        elif removing:
-            status = GetStatus.MESSAGE_WAS_REMOVING
-        else:
-            status = GetStatus.NO_MATCHED_MESSAGE
-        return GetResult(status, records, next_offset, lo, hi)
+        return get.get_messages(
+            cq, self._log, offset, max_count, max_bytes, tag_codes, message_filter
+        )
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         return cq.min_offset if (cq := self._queues.get((topic, queue_id))) else 0
@@ -448,24 +463,12 @@ class FileMessageStore:
         cq = self._queues.get((topic, queue_id))
         if cq is None or cq.max_offset <= cq.min_offset:
             return 0
-        lo, hi = cq.min_offset, cq.max_offset  # find the first offset with time >= target
 
         def time_at(offset: int) -> int:
             ts = self.store_time_at(topic, queue_id, offset)
             return ts if ts is not None else -1
 
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if time_at(mid) < timestamp_ms:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo == cq.max_offset:
-            return cq.max_offset - 1
-        if lo == cq.min_offset or time_at(lo) == timestamp_ms:
-            return lo
-        before, after = time_at(lo - 1), time_at(lo)
-        return lo if after - timestamp_ms < timestamp_ms - before else lo - 1
+        return get.offset_by_time(cq.min_offset, cq.max_offset, timestamp_ms, time_at)
 
     # --- lookups ------------------------------------------------------------------------------
 
@@ -514,6 +517,10 @@ class FileMessageStore:
         queue_manifest.write(self._cq_root, self._queues.keys())
 
     # --- durability ---------------------------------------------------------------------------
+
+    @property
+    def min_physical_offset(self) -> int:
+        return self._log.min_offset
 
     @property
     def max_physical_offset(self) -> int:

@@ -234,18 +234,19 @@ def _redispatch(
     full: bool,
 ) -> int:
     """Step 3: re-dispatch every record the scan finds (indexing those at or after
-    `index_from`); returns how many. Raises NeedFullRebuild as `_check_outcome`."""
+    `index_from`); returns how many. Raises NeedFullRebuild as `recover_check_outcome`."""
     scanned = 0
     for message in scanner.records():
         outcome = dispatch(message, message.physical_offset >= index_from)
         scanned += 1
-        _check_outcome(message, outcome, full)
+        recover_check_outcome(message, outcome, full)
     return scanned
 
 
-def _check_outcome(message: StoredMessage, outcome: PutAt | None, full: bool) -> None:
+def recover_check_outcome(message: StoredMessage, outcome: PutAt | None, full: bool) -> None:
     """Log what re-dispatching `message` found; a partial recovery that finds a queue's earlier
-    entries missing raises NeedFullRebuild."""
+    entries missing raises NeedFullRebuild. With `full` it only logs (also a slave's append of
+    its master's records, store/replica.py)."""
     if outcome is PutAt.STARTED and not full:
         # Earlier entries of this queue are gone; only a scan from the first segment
         # knows whether retention removed them or they were lost.
