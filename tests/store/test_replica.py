@@ -396,7 +396,9 @@ def test_read_replica_and_bytes_before_stay_within_the_log(opener: Opener) -> No
     log = b"".join(files_of(master, "commitlog").values())
     assert master.bytes_before(end, 4096) == log[end - 4096 : end]
     assert master.bytes_before(SEGMENT + 10, 4096) == log[SEGMENT : SEGMENT + 10]
-    assert master.bytes_before(SEGMENT, 4096) == log[SEGMENT - 4096 : SEGMENT]
+    # At a full segment's end: the bytes up to its blank marker's end, not the zeros after it.
+    marker = log.rfind(rec.BLANK_MAGIC.to_bytes(4, "big"), 0, SEGMENT) - 4
+    assert master.bytes_before(SEGMENT, 4096) == log[marker + 8 - 4096 : marker + 8]
     assert master.bytes_before(0, 4096) == b""
     master.clean_expired_files(master.clock.now_ms() + 10**12, force=True)
     first = master.min_physical_offset
@@ -474,3 +476,20 @@ def test_the_callers_buffer_is_free_after_each_append(opener: Opener) -> None:
     with memoryview(pending) as view, pytest.raises(ReplicaCorruptError):
         slave.append_replica(consumed, view)
     pending += b"more"
+
+
+def test_two_layouts_of_a_full_segment_have_different_tails(opener: Opener) -> None:
+    """Logs that diverged before a rollover differ in the tail a slave and its master compare,
+    though both segments end in the same zeros after their markers (review finding: the tail
+    was the last 4 KiB of zeros, and a diverged slave was accepted)."""
+    tails = []
+    for name, size, count in (("one", 1_000, 40), ("other", 1_200, 30)):
+        store = open_store(opener, name)
+        store.put_messages([message(i, body=b"x" * size) for i in range(count)])
+        store.put_message(message(count, body=b"y" * 30_000))  # does not fit: rolls over
+        assert store.max_physical_offset > SEGMENT
+        tails.append(store.bytes_before(SEGMENT, 4096))
+    assert tails[0]
+    assert tails[1]
+    assert tails[0] != tails[1]
+    assert all(tail[-8:-4] != b"\0" * 4 for tail in tails)  # each ends at its marker

@@ -52,7 +52,7 @@ import mmap
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Final, Protocol, TypeAlias
+from typing import Final, NamedTuple, Protocol, TypeAlias
 
 from tidemq.errors import CorruptRecordError, MessageTooLargeError, ProtocolError
 from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX, TOPIC_NAME_LENGTH_MAX
@@ -497,6 +497,89 @@ def _verify_record_crc(
             raise CorruptRecordError(f"record CRC mismatch at {offset}")
     elif require_crc:
         raise CorruptRecordError(f"record at {offset} lacks its {CRC_PROPERTY} property")
+
+
+# RECORD_HEADER's fields a PlacedRecord needs; skipped: 4x FLAG, 16x BORNTIMESTAMP and BORNHOST,
+# 20x STOREHOST, RECONSUMETIMES and PREPAREDTRANSACTIONOFFSET.
+_PLACE_HEADER: Final = struct.Struct(">iIii4xqqi16xq20xi")
+assert _PLACE_HEADER.size == RECORD_HEADER.size
+_TOPIC_LENGTH_MAX: Final = 127  # TOPICLENGTH is a signed byte
+_PROPS_LENGTH_MAX: Final = 0x7FFF  # PROPERTIESLENGTH a signed int16
+# The last bytes of a record that carries its CRC: the property's key, then the digits.
+_CRC_TAIL: Final = struct.Struct(f"{len(_CRC_KEY_BYTES)}s{CRC_DIGITS_LEN}s")
+assert _CRC_TAIL.size == _CRC_TAIL_LEN
+
+
+class PlacedRecord(NamedTuple):
+    """What `placed_record_at` reads of a record it found whole and valid: where it lies and
+    what its dispatch needs (consume queue, index keys, events), nothing else decoded."""
+
+    total_size: int
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    store_timestamp: int
+    topic: str
+    properties: str  # the raw text, `__CRC32#` included
+
+
+_new_placed: Final = tuple.__new__  # PlacedRecord(...) without its Python-level constructor
+
+
+def placed_record_at(
+    buf: Buffer, offset: int, physical_offset: int, room: int
+) -> PlacedRecord | None:
+    """The record at `buf[offset]` when it lies there whole, is at most `room` bytes, claims
+    `physical_offset`, and passes every check of `decode_record(require_crc=True)` (layout,
+    UTF-8 topic and properties, BODYCRC, the whole-record CRC); else None, and the caller asks
+    `decode_record` why. For a reader of many records (a slave's append of its master's log):
+    no message is built, no body copied. Pass a memoryview or mmap: a bytes `buf` is sliced.
+    """
+    if len(buf) - offset < RECORD_FIXED_SIZE:
+        return None
+    (size, magic, crc_of_body, queue_id, queue_offset, claimed, sys_flag, store_ts, body_len) = (
+        _PLACE_HEADER.unpack_from(buf, offset)
+    )
+    end = offset + size
+    if (
+        magic != MAGIC_RECORD
+        or not RECORD_FIXED_SIZE <= size <= room
+        or end > len(buf)
+        or claimed != physical_offset
+        or sys_flag & _SYSFLAG_HOSTS_V6
+        or body_len < 0
+    ):
+        return None
+    body_at = offset + BODY_OFFSET
+    topic_at = body_at + body_len + 1
+    if topic_at + 2 > end:
+        return None
+    topic_len = buf[topic_at - 1]  # unsigned here: above 127 it is a negative length
+    props_at = topic_at + topic_len + 2
+    if not 0 < topic_len <= _TOPIC_LENGTH_MAX or props_at > end:
+        return None
+    props_len = (buf[props_at - 2] << 8) | buf[props_at - 1]  # unsigned: see topic_len
+    if not _CRC_TAIL_LEN <= props_len <= _PROPS_LENGTH_MAX or props_at + props_len != end:
+        return None
+    key, digits = _CRC_TAIL.unpack_from(buf, end - _CRC_TAIL_LEN)
+    crc32 = zlib.crc32
+    if (
+        key != _CRC_KEY_BYTES
+        or not digits.isdigit()
+        or int(digits) != crc32(buf[offset : end - CRC_DIGITS_LEN])
+        or crc32(buf[body_at : topic_at - 1]) & _BODY_CRC_MASK != crc_of_body
+    ):
+        return None
+    try:
+        topic = str(buf[topic_at : topic_at + topic_len], "utf-8")
+        properties = str(buf[props_at:end], "utf-8")
+    except UnicodeDecodeError:
+        return None
+    return _new_placed(
+        PlacedRecord,
+        (size, queue_id, queue_offset, claimed, sys_flag, store_ts, topic, properties),
+    )
 
 
 def decode_records(buf: Buffer, *, verify_crc: bool = True) -> list[StoredMessage]:

@@ -185,6 +185,14 @@ class ConsumeQueue:
     def put_run(self, index: int, entries: Sequence[tuple[int, int, int]]) -> None:
         """`put_at` for consecutive queue offsets from `index`: one write when they append to
         the current file, else entry by entry."""
+        if not self.append_run(index, entries):
+            for n, (physical_offset, size, tags_code) in enumerate(entries):
+                self.put_at(index + n, physical_offset, size, tags_code)
+
+    def append_run(self, index: int, entries: Sequence[tuple[int, int, int]]) -> bool:
+        """Append `entries` at queue offsets from `index` with one write, if they continue a
+        queue that has entries, in its current file (each one's `put_at` outcome: APPENDED);
+        False, and nothing written, otherwise."""
         last = self.files.last_file()
         if (
             last is not None
@@ -194,9 +202,8 @@ class ConsumeQueue:
         ):
             last.append(_entries_struct(len(entries)).pack(*itertools.chain(*entries)))
             self._max_index = index + len(entries)
-            return
-        for n, (physical_offset, size, tags_code) in enumerate(entries):
-            self.put_at(index + n, physical_offset, size, tags_code)
+            return True
+        return False
 
     # --- read ---------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from tidemq.errors import StoreError
 from tidemq.protocol import message as props
 from tidemq.protocol.record import CRC_PROPERTY, StoredMessage
 from tidemq.store import dispatch as dsp
-from tidemq.store.append import DispatchListener, Listeners, wanting
+from tidemq.store.append import DispatchListener, Listeners, send_events, wanting
 from tidemq.store.commit_log import CommitLog, LogScanner
 from tidemq.store.types import DispatchEvent
 
@@ -106,10 +106,12 @@ def redispatch_from(
 
 def notify_listeners(listeners: Listeners, messages: list[StoredMessage]) -> None:
     """Send the dispatch events the put path sent for `messages`, in order (pull hold
-    wake-ups, delay and timer scheduling), once they are dispatched from the log (re-dispatch
-    here, a slave's append: store/replica.py). The event's properties are the put's: without
-    the pairs the store added to the record (its CRC, an explicit tags code)."""
+    wake-ups, delay and timer scheduling), once they are re-dispatched from the log. The
+    event's properties are the put's: without the pairs the store added to the record (its CRC,
+    an explicit tags code); a slave's append builds the same events
+    (`Appender.dispatch_placed_run`)."""
     wanted: dict[str, list[DispatchListener]] = {}  # asked once per topic, as a put does
+    events: list[tuple[DispatchEvent, list[DispatchListener]]] = []
     for message in messages:
         if message.sys_flag & dsp.TX_MASK in (dsp.TX_PREPARED, dsp.TX_ROLLBACK):
             continue
@@ -132,8 +134,5 @@ def notify_listeners(listeners: Listeners, messages: list[StoredMessage]) -> Non
             message.store_timestamp,
             properties,
         )
-        for listener in targets:
-            try:
-                listener(event)
-            except Exception:
-                logger.exception("dispatch listener %r failed", listener)
+        events.append((event, targets))
+    send_events(events)

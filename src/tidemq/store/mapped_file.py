@@ -179,6 +179,22 @@ class MappedFile:
         self.wrote = end
         return pos
 
+    def append_written(self, data: bytes | memoryview) -> int:
+        """`append` through the file descriptor (pwrite), not the mapping: the same page cache,
+        so the mapping shows the bytes at once (Linux, and any system with a unified buffer
+        cache). For a large append to fresh pages (a slave's runs, store/replica.py) this
+        skips the page fault per page of the writer's mapping (~3x less CPU per MiB), and the
+        pages join the process's RSS only when read through the mapping."""
+        pos = self.wrote
+        end = pos + len(data)
+        assert end <= self.size, (pos, len(data), self.size)
+        with memoryview(data) as view:
+            done = os.pwrite(self._fd, view, pos)
+            while done < len(view):  # a regular file takes all of it, barring a signal
+                done += os.pwrite(self._fd, view[done:], pos + done)
+        self.wrote = end
+        return pos
+
     def write_at(self, pos: int, data: bytes) -> None:
         assert pos >= 0
         assert pos + len(data) <= self.size

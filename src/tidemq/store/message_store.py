@@ -399,7 +399,7 @@ class FileMessageStore:
             raise StoreError(self._appender.broken)
         before = self._log.max_offset
         try:
-            return replica.append_replica(self._log, self._appender, self._listeners, offset, data)
+            return replica.append_replica(self._log, self._appender, offset, data)
         except OSError as exc:
             self._append_failed(exc)
             raise StoreError(f"replica append failed: {exc}") from exc

@@ -243,7 +243,9 @@ def _redispatch(
     return scanned
 
 
-def recover_check_outcome(message: StoredMessage, outcome: PutAt | None, full: bool) -> None:
+def recover_check_outcome(
+    message: StoredMessage | rec.PlacedRecord, outcome: PutAt | None, full: bool
+) -> None:
     """Log what re-dispatching `message` found; a partial recovery that finds a queue's earlier
     entries missing raises NeedFullRebuild. With `full` it only logs (also a slave's append of
     its master's records, store/replica.py)."""

@@ -27,13 +27,20 @@ is what its own recovery would keep:
 
 No unit is larger than a segment, so what a caller keeps stays below `commit_log_file_size`.
 
-Per segment, the units `data` holds whole are written with one copy into the mapping, then each
-record is dispatched as recovery dispatches a scanned record (`Appender.dispatch_scanned_run`:
+Per segment, the units `data` holds whole are written with one pwrite (the segment's page cache,
+which its mapping shares: `MappedFile.append_written`, no page fault per page), then each
+record is dispatched as recovery dispatches a scanned record (`Appender.dispatch_placed_run`:
 the consume-queue entry at the queue offset the record carries, the index keys) and the dispatch
-listeners get the events the master's put sent (`dispatch_retry.notify_listeners`: pull-hold
-wake-ups). A unit that is not valid stops the append after the valid units before it are
-written and dispatched. After a kill -9 the log holds only whole CRC-valid units, so the normal
-recovery applies (a log that ends with a marker ends at the marker: the master sends it again).
+listeners get the events the master's put sent (pull-hold wake-ups). A unit that is not valid
+stops the append after the valid units before it are written and dispatched.
+
+Cost (benchmarks/bench_replica_append.py): a record is read by `rec.placed_record_at`, which
+makes every check `decode_record(require_crc=True)` makes but decodes only what dispatch needs
+(no message, no body copy); each queue's entries of a run go in one write, the run's index
+entries with one index-header update.
+
+After a kill -9 the log holds only whole CRC-valid units, so the normal recovery applies (a log
+that ends with a marker ends at the marker: the master sends it again).
 
 Slave-side state is the log itself: `max_physical_offset` is where the next frame must start,
 whatever was raised, so the HA slave resumes from it after any error.
@@ -42,12 +49,12 @@ whatever was raised, so the HA slave resumes from it after any error.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from tidemq.errors import CorruptRecordError, ReplicaCorruptError, ReplicaOffsetError
 from tidemq.protocol import record as rec
-from tidemq.store.append import Appender, DispatchFailed, Listeners
+from tidemq.store.append import Appender, DispatchFailed, send_events
 from tidemq.store.commit_log import CommitLog, UnitKind, unit_at
-from tidemq.store.dispatch_retry import notify_listeners
 from tidemq.store.mapped_file import MappedFile
 from tidemq.store.recovery import recover_check_outcome
 
@@ -65,13 +72,13 @@ class _Run:
     """The whole units of one segment found at the start of the data (`_scan_run`)."""
 
     end: int  # the position in the data after the last whole valid unit
-    messages: list[rec.StoredMessage] = field(default_factory=list)
+    records: list[rec.PlacedRecord] = field(default_factory=list)
     segment_full: bool = False  # it ends with the segment's blank marker
     error: CorruptRecordError | None = None  # why the unit at `end` is not valid
 
 
 def append_replica(
-    log: CommitLog, appender: Appender, listeners: Listeners, offset: int, data: bytes | memoryview
+    log: CommitLog, appender: Appender, offset: int, data: bytes | memoryview
 ) -> int:
     """Append the whole units of `data`, the master's log bytes from `offset`, and dispatch
     their records; returns how many bytes that took (the rest is a unit still incomplete).
@@ -89,8 +96,8 @@ def append_replica(
             at = offset + consumed
             run = _scan_run(view, consumed, at, log.file_size - at % log.file_size)
             if run.end > consumed:
-                _segment_at(log, at).append(view[consumed : run.end])
-                _dispatch_run(appender, listeners, run.messages, offset + run.end)
+                _segment_at(log, at).append_written(view[consumed : run.end])
+                _dispatch_run(appender, run.records, offset + run.end)
                 consumed = run.end
             if run.error is not None:
                 raise ReplicaCorruptError(
@@ -121,9 +128,25 @@ def append_replica_check_offset(log: CommitLog, offset: int) -> None:
 
 def _scan_run(view: memoryview, pos: int, offset: int, remaining: int) -> _Run:
     """The whole valid units from `view[pos]` (log `offset`, `remaining` bytes before its
-    segment ends) to the first incomplete or invalid one or the segment's marker."""
+    segment ends) to the first incomplete or invalid one or the segment's marker.
+
+    A record `rec.placed_record_at` takes (whole, valid, at its offset, leaving room for the
+    marker: what `unit_at` calls a RECORD) is read without decoding all of it; anything else,
+    `unit_at` says what it is (a marker, the end of the data, or why it is no valid unit)."""
     run = _Run(pos)
+    records = run.records
+    placed_record_at = rec.placed_record_at
+    marker_size = rec.BLANK_MARKER_SIZE
     while True:
+        placed = placed_record_at(view, pos, offset, remaining - marker_size)
+        if placed is not None:
+            records.append(placed)
+            size = placed.total_size
+            pos += size
+            offset += size
+            remaining -= size
+            run.end = pos
+            continue
         try:
             unit = unit_at(view, pos, offset, remaining)
         except CorruptRecordError as exc:
@@ -134,8 +157,8 @@ def _scan_run(view: memoryview, pos: int, offset: int, remaining: int) -> _Run:
             return run
         if unit.kind is UnitKind.PARTIAL or len(view) - pos < unit.size:
             return run  # a marker's zeros may be still to come too
-        if unit.message is not None:
-            run.messages.append(unit.message)
+        if unit.message is not None:  # not reached: placed_record_at took it
+            records.append(_placed(unit.message))
         pos += unit.size
         offset += unit.size
         remaining -= unit.size
@@ -155,24 +178,35 @@ def _segment_at(log: CommitLog, offset: int) -> MappedFile:
     return mf
 
 
-def _dispatch_run(
-    appender: Appender, listeners: Listeners, messages: list[rec.StoredMessage], end: int
-) -> None:
+def _placed(message: rec.StoredMessage) -> rec.PlacedRecord:
+    return rec.PlacedRecord(
+        message.total_size,
+        message.queue_id,
+        message.queue_offset,
+        message.physical_offset,
+        message.sys_flag,
+        message.store_timestamp,
+        message.topic,
+        message.properties,
+    )
+
+
+def _dispatch_run(appender: Appender, records: list[rec.PlacedRecord], end: int) -> None:
     """Dispatch the records of one written run (the log now ends at `end`), then send their
     events. Raises DispatchFailed when an entry could not be written: the store takes no
     writes until it re-dispatched them (FileMessageStore.retry_dispatch)."""
     try:
-        outcomes = appender.dispatch_scanned_run(messages)
+        dispatched = appender.dispatch_placed_run(records)
     except OSError as exc:
         appender.broken = (
             f"dispatch of replicated records failed after commit-log offset "
             f"{appender.dispatched} ({exc}); writes resume once they are re-dispatched"
         )
         raise DispatchFailed(appender.broken) from exc
-    for message, outcome in zip(messages, outcomes, strict=True):
-        recover_check_outcome(message, outcome, full=True)
+    for record, outcome in dispatched.unusual:
+        recover_check_outcome(record, outcome, full=True)
     appender.dispatched = end
-    notify_listeners(listeners, messages)
+    send_events(dispatched.events)
 
 
 def read_replica(log: CommitLog, offset: int, size_max: int) -> bytes:
@@ -203,6 +237,11 @@ def bytes_before(log: CommitLog, end: int, size_max: int) -> bytes:
     """Up to `size_max` log bytes ending at `end`, from the segment holding `end - 1` only (the
     tail a slave and its master compare); b"" when no segment holds it.
 
+    At a segment's end the bytes end at its blank marker's end instead: what follows the marker
+    is zeros in every log, so a tail of them would match any other layout of that segment (two
+    logs that diverged before a rollover would compare equal). The marker's size field says
+    where its segment's last record ended, so the tail up to it tells the layouts apart.
+
     Raises:
         ReplicaOffsetError: `end` is beyond the log's end.
     """
@@ -214,5 +253,25 @@ def bytes_before(log: CommitLog, end: int, size_max: int) -> bytes:
     if mf is None:
         return b""
     stop = end - mf.start_offset
+    if stop == mf.size:
+        stop = _marker_end(mf)
     start = max(0, stop - size_max)
     return mf.read(start, stop - start)
+
+
+_BLANK_MAGIC_BYTES: Final = rec.BLANK_MAGIC.to_bytes(4, "big")
+
+
+def _marker_end(mf: MappedFile) -> int:
+    """The position after the blank marker that ends the full segment `mf`; `mf.size` when no
+    valid marker is found (the segment is compared as it is). The marker is the segment's last
+    non-zero bytes, so its magic is the last occurrence of those bytes."""
+    magic_at = mf.mm.rfind(_BLANK_MAGIC_BYTES)
+    pos = magic_at - 4
+    if magic_at < 0 or pos < 0:
+        return mf.size
+    mf.touched_from = min(mf.touched_from, pos)  # the search faulted pages in: release them
+    size, magic = rec.record_head_at(mf.mm, pos)
+    if magic != rec.BLANK_MAGIC or size != mf.size - pos:
+        return mf.size
+    return pos + rec.BLANK_MARKER_SIZE
