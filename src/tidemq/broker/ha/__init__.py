@@ -1,0 +1,15 @@
+"""Replication (issue 13): a master streams its commit log to slaves of the same brokerName.
+
+    HAMaster (master.py)   serves slaves on haListenPort; SYNC_MASTER sends wait on its acks
+    HASlave  (slave.py)    follows the master the name server names; appends to its store
+    AckWaiters (acks.py)   the group release of SYNC sends' waits
+    HASettings (settings.py)
+
+The wire is protocol/ha.py; the store's side is store/replica.py.
+"""
+
+from tidemq.broker.ha.master import HAMaster, SlaveInfo
+from tidemq.broker.ha.settings import HASettings
+from tidemq.broker.ha.slave import HASlave, SlaveState
+
+__all__ = ["HAMaster", "HASettings", "HASlave", "SlaveInfo", "SlaveState"]
