@@ -75,8 +75,9 @@ async def run(count: int, profiler: cProfile.Profile | None, only: str | None) -
         app = BrokerApp(load_broker_config(None, {}, overrides), SystemClock())
         await app.start()
         try:
-            # A second table over the same store and flush service: the handler as served.
-            handle: Any = app._handler_table(app.flush).get(RequestCode.SEND_MESSAGE_V2)
+            # A second table over the same store and durability: the handler as served.
+            assert app.durability is not None
+            handle: Any = app._handler_table(app.durability).get(RequestCode.SEND_MESSAGE_V2)
             peer = _Peer()
             singles = [
                 _request(RequestCode.SEND_MESSAGE_V2, body, _props(n), False) for n in range(count)

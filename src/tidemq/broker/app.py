@@ -1,12 +1,17 @@
 """BrokerApp: the broker's composition root: builds every part, wires, starts and stops them.
 
-    start:  store (recover) ─▶ topic / group / offset tables (load) ─▶ pull hold, flush service
+    start:  store (recover) ─▶ topic / group / offset / delay / timer tables (load)
+            ─▶ replication (replication.py: a master's HA listener; a slave's replica mode and
+               metadata copy) ─▶ a master's transaction ledger (rebuilt from the store)
+            ─▶ pull hold, flush service ─▶ durability (the flush and a SYNC_MASTER's slave ack)
             ─▶ handler table ─▶ RemotingServer (listenPort, and listenPort-2 for the VIP channel)
-            ─▶ address known (port 0 → the bound port) ─▶ register with name servers
-            ─▶ periodic services: offset persistence, client expiry, file cleanup, and the
-               transaction check-back (its ledger is rebuilt from the store before serving)
-    stop:   the reverse: unregister, release held pulls, close the server, stop the services,
-            final flush, persist offsets, shut the store (removes `abort`: a clean stop)
+            ─▶ address known (port 0 → the bound port) ─▶ register with name servers (a slave
+               learns its master from their answers)
+            ─▶ periodic services: offset persistence, client expiry, file cleanup, and on a
+               master the transaction check-back, delay levels and timers
+    stop:   the reverse: unregister, release held pulls, close the server, stop replication and
+            the services, final flush, persist offsets, shut the store (removes `abort`: a clean
+            stop)
 
 Parts receive exactly what they use; nothing here is a service locator, and no part reaches into
 another's state. The store is synchronous and runs on the event-loop thread, except the flush,
@@ -23,6 +28,7 @@ from pathlib import Path
 
 from tidemq.broker.clients import ClientRegistry, ConsumerIdsNotifier, QueueLockTable
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.durability import Durability
 from tidemq.broker.flush import FlushService
 from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.admin import AdminHandlers
@@ -38,6 +44,7 @@ from tidemq.broker.handlers.send_back import SendBackHandler
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.pull_hold import PullHoldService
 from tidemq.broker.registration import RegistrationService
+from tidemq.broker.replication import Replication
 from tidemq.broker.schedule import DelayRouter, ScheduleService
 from tidemq.broker.service import PeriodicService
 from tidemq.broker.timer import TimerWheel
@@ -124,27 +131,47 @@ class BrokerApp:
             timer_max_delay_ms=config.timer_max_delay_sec * 1000,
         )
         self.transaction_stats = TransactionStats()
-        self.transactions = TransactionResolver(
-            self.store,
-            TransactionLedger(),
-            self.transaction_stats,
-            clock,
-            (self.advertised.host, self.advertised.port),
-            route=self.delays.route,
-        )
-        self.sink_batches = SinkBatchResolver(
-            self.transactions,
-            clock,
-            orphan_timeout_ms=int(config.spark_orphan_timeout_hours * 3_600_000),
-        )
-        self.transactions.prepare_listeners.append(self.sink_batches.on_prepare)
+        self.transactions, self.sink_batches = self._transaction_parts()
         self.check_back: CheckBackService | None = None
         self._namesrv_client: RemotingClient | None = None
         self._server: RemotingServer | None = None
         self.flush: FlushService | None = None
+        self.durability: Durability | None = None
+        self.replication = self._replication()
         self.registration: RegistrationService | None = None
         self._periodic: list[PeriodicService] = []
         self._started = False
+
+    def _transaction_parts(self) -> tuple[TransactionResolver, SinkBatchResolver]:
+        """The resolver of END_TRANSACTION answers and the Spark sink's batch ends beside it."""
+        transactions = TransactionResolver(
+            self.store,
+            TransactionLedger(),
+            self.transaction_stats,
+            self.clock,
+            (self.advertised.host, self.advertised.port),
+            route=self.delays.route,
+        )
+        sink_batches = SinkBatchResolver(
+            transactions,
+            self.clock,
+            orphan_timeout_ms=int(self.config.spark_orphan_timeout_hours * 3_600_000),
+        )
+        transactions.prepare_listeners.append(sink_batches.on_prepare)
+        return transactions, sink_batches
+
+    def _replication(self) -> Replication:
+        """The HA parts of this broker's role (replication.py); nothing runs before `start`."""
+        return Replication(
+            self.config,
+            self.store,
+            self.clock,
+            self.advertised,
+            topics=self.topics,
+            groups=self.groups,
+            offsets=self.offsets,
+            schedule=self.schedule,
+        )
 
     # -- properties --------------------------------------------------------------------------
 
@@ -193,13 +220,18 @@ class BrokerApp:
         self.topics.persist()
         self.groups.load()
         self.offsets.load()
-        self.transactions.rebuild(self.offsets)
-        self.sink_batches.rebuild()
+        self.schedule.load()
+        self.timer.load()
+        # From here a slave's store takes no local write; a master's HA port listens.
+        await self.replication.start()
+        if not config.is_slave:
+            # A slave's log is its master's copy: the rebuild's repair would write op messages
+            # into it. Its ledger stays empty: it answers no END_TRANSACTION, runs no check-back.
+            self.transactions.rebuild(self.offsets)
+            self.sink_batches.rebuild()
         self.pull_hold.start()
         self.store.add_dispatch_listener(self.pull_hold.on_dispatch, self.pull_hold.wants_topic)
-        self.schedule.load()
         self.store.add_dispatch_listener(self.schedule.on_dispatch, self.schedule.wants_topic)
-        self.timer.load()
         self.store.add_dispatch_listener(self.timer.on_dispatch, self.timer.wants_topic)
         self.flush = FlushService(
             self.store.flush,
@@ -209,14 +241,25 @@ class BrokerApp:
             flush_log=functools.partial(self.store.flush, log_only=True),
         )
         self.flush.start()
-        self._server = self._remoting_server(self.flush)
+        self.durability = Durability(
+            self.flush,
+            self.replication.master,
+            config.is_sync_master,
+            sync_flush_timeout_ms=config.sync_flush_timeout_ms,
+        )
+        self._server = self._remoting_server(self.durability)
         await self._server.start()
         self.advertised.port = self._server.port
         self.transactions.set_store_host((self.advertised.host, self.advertised.port))
         self.sink_batches.set_store_host((self.advertised.host, self.advertised.port))
         self._namesrv_client = RemotingClient(clock=self.clock)
         self.registration = RegistrationService(
-            config, self.advertised, self.topics, self._namesrv_client
+            config,
+            self.advertised,
+            self.topics,
+            self._namesrv_client,
+            ha_address=self.replication.ha_address,
+            on_master=self.replication.on_master,
         )
         await self.registration.register_all()
         self.registration.start()
@@ -236,22 +279,22 @@ class BrokerApp:
             self.schedule.start()
             self.timer.start()
 
-    def _remoting_server(self, flush: FlushService) -> RemotingServer:
+    def _remoting_server(self, durability: Durability) -> RemotingServer:
         """The server on the listen port (and the VIP port), with every handler."""
         config = self.config
         vip = config.vip_port
         return RemotingServer(
-            self._handler_table(flush),
+            self._handler_table(durability),
             config.listen_host,
             config.listen_port,
             name=f"broker-{config.broker_name}",
             idle_timeout_ms=config.client_expiry_ms,
             extra_ports=[vip] if vip is not None else [],
             clock=self.clock,
-            # Under SYNC_FLUSH an answer waits for the disk anyway: starting a read's sends in
-            # slices would only split them over more group-commit rounds (pipelined SYNC sends
-            # measured 6 % slower with slices).
-            turn_budget=None if flush.sync else TURN_BUDGET,
+            # Under SYNC_FLUSH an answer waits for the disk anyway (and under SYNC_MASTER for a
+            # slave): starting a read's sends in slices would only split them over more
+            # group-commit rounds (pipelined SYNC sends measured 6 % slower with slices).
+            turn_budget=None if durability.waits else TURN_BUDGET,
         )
 
     def _periodic_services(self) -> list[PeriodicService]:
@@ -282,7 +325,7 @@ class BrokerApp:
             ),
         ]
 
-    def _handler_table(self, flush: FlushService) -> HandlerTable:
+    def _handler_table(self, durability: Durability) -> HandlerTable:
         table = HandlerTable()
         SendHandler(
             self.config,
@@ -290,7 +333,7 @@ class BrokerApp:
             self.store,
             self.topics,
             self.groups,
-            flush,
+            durability,
             self.transactions,
             self.delays,
             clock=self.clock,
@@ -301,11 +344,13 @@ class BrokerApp:
             self.store,
             self.topics,
             self.groups,
-            flush,
+            durability,
             self.delays,
         ).register(table)
-        EndTransactionHandler(self.config, self.transactions, flush.wait_flushed).register(table)
-        EndBatchHandler(self.config, self.sink_batches, flush.wait_flushed).register(table)
+        EndTransactionHandler(self.config, self.transactions, durability.wait_durable).register(
+            table
+        )
+        EndBatchHandler(self.config, self.sink_batches, durability.wait_durable).register(table)
         TransactionAdminHandlers(
             self.transactions.ledger, self.transaction_stats, self.clock
         ).register(table)
@@ -318,7 +363,9 @@ class BrokerApp:
             self.clients,
             self.pull_hold,
         ).register(table)
-        OffsetHandlers(self.store, self.offsets, self.topics).register(table)
+        OffsetHandlers(
+            self.store, self.offsets, self.topics, is_slave=self.config.is_slave
+        ).register(table)
         ClientHandlers(
             self.clock,
             self.clients,
@@ -335,6 +382,9 @@ class BrokerApp:
             self.topics,
             self.offsets,
             self.clients,
+            groups=self.groups,
+            delay_offsets=self.schedule.to_json,
+            ha_fields=self.replication.runtime_fields,
         ).register(table)
         QueryHandlers(self.store, self.clock).register(table)
         return table
@@ -370,6 +420,7 @@ class BrokerApp:
         if self._server is not None:
             await self._server.stop()
         await self._notifier.stop()
+        await self.replication.stop()
         if self.check_back is not None:
             await self.check_back.stop()
         await self.schedule.stop()

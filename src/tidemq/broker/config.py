@@ -27,6 +27,8 @@ from tidemq.limits import (
     CONSUME_QUEUE_FILE_ENTRIES_DEFAULT,
     MESSAGE_BODY_SIZE_MAX,
 )
+from tidemq.protocol.ha import FRAME_DATA_SIZE_MAX
+from tidemq.protocol.message import MASTER_BROKER_ID
 from tidemq.store.config import COMMIT_LOG_RESIDENT_BYTES_DEFAULT
 
 log = logging.getLogger(__name__)
@@ -34,11 +36,18 @@ log = logging.getLogger(__name__)
 ENV_PREFIX: Final = "TIDEMQ_"
 FLUSH_DISK_TYPES: Final = ("ASYNC_FLUSH", "SYNC_FLUSH")
 BROKER_ROLES: Final = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
-# Roles that mean replication, which TideMQ does not have yet: a SLAVE would never receive its
-# master's data, and a SYNC_MASTER would answer SEND_OK where RocketMQ answers
-# SLAVE_NOT_AVAILABLE. The loader refuses them (BrokerConfig still models them, so handlers can
-# be tested answering as a slave does) until replication gives them a meaning.
-ROLES_NEEDING_REPLICATION: Final = ("SYNC_MASTER", "SLAVE")
+# Roles that cannot run without the HA secret: a SLAVE must prove itself to its master, and a
+# SYNC_MASTER's acknowledgements mean nothing unless only authenticated slaves can report
+# offsets (upstream's open HA port lets anyone fake an ack: spec/ha.md §2, #3015, #1155).
+ROLES_NEEDING_SECRET: Final = ("SYNC_MASTER", "SLAVE")
+# The HA (replication) port is listenPort plus this by default (RocketMQ: 10911 → 10912).
+HA_PORT_OFFSET: Final = 1
+# A secret shorter than this is accepted with a warning: it is the only thing between the HA
+# port and anyone who can reach it.
+HA_SECRET_SIZE_MIN: Final = 16
+# The largest haTransferBatchSize is the HA stream's frame limit (protocol/ha.py): the slave
+# buffers one frame.
+HA_TRANSFER_BATCH_SIZE_MAX: Final = FRAME_DATA_SIZE_MAX
 # The VIP channel listens on listenPort minus this (RocketMQ: 10911 → 10909).
 VIP_CHANNEL_PORT_OFFSET: Final = 2
 _DELETE_WHEN = re.compile(r"^\d{1,2}(;\d{1,2})*$")
@@ -110,12 +119,30 @@ class BrokerConfig:
     # "refuse" to start, or "quarantine" the damaged segments and start from the valid prefix.
     corrupt_policy: str = "refuse"
     commit_log_resident_bytes: int = COMMIT_LOG_RESIDENT_BYTES_DEFAULT
+    # Replication (issue 13): RocketMQ's keys and defaults, plus TideMQ's haSecret and
+    # slaveSyncIntervalMs. None: listenPort + 1 (0, a free port, when listenPort is 0).
+    ha_listen_port: int | None = None
+    ha_send_heartbeat_interval_ms: int = 5_000
+    ha_housekeeping_interval_ms: int = 20_000
+    ha_transfer_batch_size: int = 32 * 1024
+    ha_max_gap_not_in_sync: int = 256 * 1024 * 1024
+    slave_read_enable: bool = False
+    # With slaveReadEnable, a master steers a pull to a slave when the pull is further behind
+    # the log's end than this percentage of physical memory (RocketMQ's rule: such reads miss
+    # the page cache and compete with the writes).
+    access_message_in_memory_max_ratio_percent: int = 40
+    # Shared by a master and its slaves; authenticates both ends of the HA connection.
+    ha_secret: str = field(default="", repr=False)
+    # How often a slave copies topics, groups, consumer offsets and delay progress from its
+    # master (upstream: 10 s, fixed).
+    slave_sync_interval_ms: int = 1_000
 
     def __post_init__(self) -> None:
         self._check_identity()
         self._check_store()
         self._check_periods()
         self._check_delays_and_transactions()
+        self._check_replication()
         for addr in self.namesrv_addrs:
             _check_addr("namesrvAddr", addr)
 
@@ -177,6 +204,9 @@ class BrokerConfig:
             ("cleanResourceInterval", self.cleanup_interval_ms),
             ("transactionTimeOut", self.transaction_timeout_ms),
             ("transactionCheckInterval", self.transaction_check_interval_ms),
+            ("haSendHeartbeatInterval", self.ha_send_heartbeat_interval_ms),
+            ("haHousekeepingInterval", self.ha_housekeeping_interval_ms),
+            ("slaveSyncIntervalMs", self.slave_sync_interval_ms),
         ):
             if value <= 0:
                 raise _bad(key, value, "must be > 0 ms")
@@ -198,6 +228,70 @@ class BrokerConfig:
         if self.spark_orphan_timeout_hours <= 0:
             raise _bad("sparkOrphanTimeoutHours", self.spark_orphan_timeout_hours, "must be > 0")
 
+    def _check_replication(self) -> None:
+        """Role and id agree, the secret is there when needed, HA limits are sane."""
+        if self.broker_role == "SLAVE" and self.broker_id < 1:
+            raise _bad("brokerId", self.broker_id, "a SLAVE needs brokerId >= 1 (0 is the master)")
+        if self.broker_role != "SLAVE" and self.broker_id != MASTER_BROKER_ID:
+            raise _bad(
+                "brokerId",
+                self.broker_id,
+                f"brokerRole={self.broker_role} needs brokerId=0 (ids above 0 name slaves)",
+            )
+        if self.broker_role in ROLES_NEEDING_SECRET and not self.ha_secret:
+            raise _bad(
+                "haSecret",
+                self.ha_secret,
+                f"required for brokerRole={self.broker_role} (the same value on the master and "
+                "its slaves)",
+            )
+        port = self.ha_listen_port
+        if port is not None and not 0 <= port <= 65535:
+            raise _bad("haListenPort", port, "must be a TCP port (0 picks a free one)")
+        if self.ha_port > 65535:
+            raise _bad(
+                "listenPort", self.listen_port, "leaves no room for the HA port (set haListenPort)"
+            )
+        if port and port in (self.listen_port, self.vip_port):
+            raise _bad("haListenPort", port, "must differ from listenPort and the VIP port")
+        if not 1024 <= self.ha_transfer_batch_size <= HA_TRANSFER_BATCH_SIZE_MAX:
+            raise _bad(
+                "haTransferBatchSize",
+                self.ha_transfer_batch_size,
+                f"must be 1024..{HA_TRANSFER_BATCH_SIZE_MAX}",
+            )
+        if self.ha_max_gap_not_in_sync <= 0:
+            raise _bad("haMaxGapNotInSync", self.ha_max_gap_not_in_sync, "must be > 0")
+        if self.ha_housekeeping_interval_ms <= self.ha_send_heartbeat_interval_ms:
+            raise _bad(
+                "haHousekeepingInterval",
+                self.ha_housekeeping_interval_ms,
+                "must exceed haSendHeartbeatInterval (a healthy peer would be dropped)",
+            )
+        if not 1 <= self.access_message_in_memory_max_ratio_percent <= 100:
+            raise _bad(
+                "accessMessageInMemoryMaxRatio",
+                self.access_message_in_memory_max_ratio_percent,
+                "must be 1..100",
+            )
+        if self.ha_secret and len(self.ha_secret.encode()) < HA_SECRET_SIZE_MIN:
+            log.warning("haSecret has fewer than %d bytes: use a longer one", HA_SECRET_SIZE_MIN)
+
+    @property
+    def is_slave(self) -> bool:
+        return self.broker_role == "SLAVE"
+
+    @property
+    def is_sync_master(self) -> bool:
+        return self.broker_role == "SYNC_MASTER"
+
+    @property
+    def ha_port(self) -> int:
+        """The HA port to bind: haListenPort, else listenPort + 1 (0 when listenPort is 0)."""
+        if self.ha_listen_port is not None:
+            return self.ha_listen_port
+        return self.listen_port + HA_PORT_OFFSET if self.listen_port else 0
+
     @property
     def vip_port(self) -> int | None:
         """The VIP channel port, or None when disabled or when the main port is chosen at bind."""
@@ -215,7 +309,7 @@ class BrokerConfig:
 
     @property
     def is_master(self) -> bool:
-        return self.broker_id == 0 and self.broker_role != "SLAVE"
+        return self.broker_id == MASTER_BROKER_ID and self.broker_role != "SLAVE"
 
 
 def _check_addr(key: str, addr: str) -> None:

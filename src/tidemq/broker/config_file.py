@@ -25,16 +25,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from tidemq.broker.config import (
-    ENV_PREFIX,
-    ROLES_NEEDING_REPLICATION,
-    BrokerConfig,
-    ConfigError,
-)
+from tidemq.broker.config import ENV_PREFIX, BrokerConfig, ConfigError
 from tidemq.broker.config_keys import KEYS, ConfigKey, parse_int, parse_path
 from tidemq.broker.properties import parse_properties
 from tidemq.limits import CONSUME_QUEUE_ENTRY_SIZE
-from tidemq.protocol.message import MASTER_BROKER_ID
 
 log = logging.getLogger(__name__)
 
@@ -102,31 +96,12 @@ def load_broker_config(
         config = BrokerConfig(**values)
     except ConfigError as exc:
         spec = _BY_KEY.get(str(exc).split("=", 1)[0])
-        where = source_of.get(spec.field) if spec is not None else None
-        if where is None:
+        if spec is None:
             raise
+        # A value nobody set fails only a cross-check (brokerId=0 with brokerRole=SLAVE).
+        where = source_of.get(spec.field, "defaults")
         raise ConfigError(f"{exc} (from {where})") from None
-    _refuse_replication_role(config, source_of)
     return config
-
-
-def _refuse_replication_role(config: BrokerConfig, source_of: dict[str, str]) -> None:
-    """Refuse, in one line, a role that needs replication (ROLES_NEEDING_REPLICATION) and a
-    brokerId other than 0: a broker with an id above 0 is a slave to clients and name servers
-    (they send it no writes and no END_TRANSACTION), which without replication it cannot be.
-    Upstream forces a master's id to 0 silently; we say so instead."""
-    role = config.broker_role
-    if role in ROLES_NEEDING_REPLICATION:
-        raise ConfigError(
-            f"brokerRole={role} (from {source_of.get('broker_role', 'defaults')}): refused "
-            "until TideMQ has replication; a broker runs as brokerRole=ASYNC_MASTER"
-        )
-    if config.broker_id != MASTER_BROKER_ID:
-        raise ConfigError(
-            f"brokerId={config.broker_id} (from {source_of.get('broker_id', 'defaults')}): a "
-            f"broker is its group's master, brokerId={MASTER_BROKER_ID}, until TideMQ has "
-            "replication (ids above 0 name slaves)"
-        )
 
 
 def _apply(

@@ -51,6 +51,24 @@ def _render_default(value: object) -> str:
     return str(value)
 
 
+def _parse_optional_port(text: str) -> int | None:
+    stripped = text.strip()
+    return parse_int(stripped) if stripped else None
+
+
+def _render_optional(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+# What a set secret renders as: GET_BROKER_CONFIG (26) answers any client, and --print-config
+# output ends up in tickets and logs.
+SECRET_REDACTED: Final = "<redacted>"
+
+
+def _render_secret(value: object) -> str:
+    return SECRET_REDACTED if value else ""
+
+
 def _render_addrs(value: object) -> str:
     assert isinstance(value, tuple)
     return ";".join(value)
@@ -75,13 +93,14 @@ KEYS: Final[tuple[ConfigKey, ...]] = (
         "brokerId",
         "broker_id",
         parse_int,
-        "0 = master. Ids above 0 name slaves, refused until TideMQ has replication.",
+        "0 = master; a SLAVE needs an id >= 1 (its place in brokerAddrs of the routes).",
     ),
     ConfigKey(
         "brokerRole",
         "broker_role",
         _parse_upper,
-        "ASYNC_MASTER. SYNC_MASTER and SLAVE are refused until TideMQ has replication.",
+        "ASYNC_MASTER (answer after the local write) | SYNC_MASTER (answer once a slave has the"
+        " message) | SLAVE (copies its master; refuses writes).",
     ),
     ConfigKey(
         "namesrvAddr",
@@ -264,5 +283,65 @@ KEYS: Final[tuple[ConfigKey, ...]] = (
         parse_int,
         "Commit-log bytes behind the write position kept in the broker's memory (RSS) for tail"
         " readers; older pages are released to the page cache once flushed (TideMQ extension).",
+    ),
+    ConfigKey(
+        "haListenPort",
+        "ha_listen_port",
+        _parse_optional_port,
+        "Master: port slaves replicate from. Empty: listenPort+1 (a free port if listenPort=0).",
+        render=_render_optional,
+    ),
+    ConfigKey(
+        "haSecret",
+        "ha_secret",
+        _parse_str,
+        "Shared secret of a master and its slaves (HMAC-authenticated handshake, both ways)."
+        " Required for SYNC_MASTER and SLAVE; an ASYNC_MASTER without one accepts no slaves"
+        " (TideMQ extension).",
+        render=_render_secret,
+    ),
+    ConfigKey(
+        "haSendHeartbeatInterval",
+        "ha_send_heartbeat_interval_ms",
+        parse_int,
+        "Replication heartbeat period (ms) of an idle master and a slave's offset reports.",
+    ),
+    ConfigKey(
+        "haHousekeepingInterval",
+        "ha_housekeeping_interval_ms",
+        parse_int,
+        "Drop a replication peer silent for this many ms.",
+    ),
+    ConfigKey(
+        "haTransferBatchSize",
+        "ha_transfer_batch_size",
+        parse_int,
+        "Most commit-log bytes in one replication frame.",
+    ),
+    ConfigKey(
+        "haMaxGapNotInSync",
+        "ha_max_gap_not_in_sync",
+        parse_int,
+        "SYNC_MASTER: a slave further behind (bytes) does not count; with no slave in sync a send"
+        " answers SLAVE_NOT_AVAILABLE at once (the message stays stored).",
+    ),
+    ConfigKey(
+        "slaveReadEnable",
+        "slave_read_enable",
+        parse_bool,
+        "Master: steer consumers reading far behind the log's end to the slave.",
+    ),
+    ConfigKey(
+        "accessMessageInMemoryMaxRatio",
+        "access_message_in_memory_max_ratio_percent",
+        parse_int,
+        "slaveReadEnable: 'far behind' is more than this percent of physical memory.",
+    ),
+    ConfigKey(
+        "slaveSyncIntervalMs",
+        "slave_sync_interval_ms",
+        parse_int,
+        "Slave: period (ms) of copying topics, groups, consumer offsets and delay progress from"
+        " the master (TideMQ extension; upstream copies every 10 s).",
     ),
 )

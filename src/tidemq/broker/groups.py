@@ -84,6 +84,26 @@ class SubscriptionGroupConfig:
         return cls(**kwargs)
 
 
+def decode_groups(
+    data: bytes, timestamp_default_ms: int
+) -> tuple[dict[str, SubscriptionGroupConfig], int, int]:
+    """The groups, data version counter and timestamp of a subscriptionGroup.json document.
+
+    Raises:
+        ProtocolError: `data` is not a subscription group table.
+    """
+    try:
+        doc = orjson.loads(data)
+        table = doc.get("subscriptionGroupTable") or {}
+        groups = {str(name): SubscriptionGroupConfig.from_dict(v) for name, v in table.items()}
+        version = doc.get("dataVersion") or {}
+        counter = int(version.get("counter", 0))
+        timestamp_ms = int(version.get("timestamp", timestamp_default_ms))
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError, ProtocolError) as exc:
+        raise ProtocolError(f"not a subscription group table: {exc}") from exc
+    return groups, counter, timestamp_ms
+
+
 class SubscriptionGroupTable:
     """Group configs by name, persisted on each change."""
 
@@ -104,16 +124,31 @@ class SubscriptionGroupTable:
         if data is None:
             return
         try:
-            doc = orjson.loads(data)
-            table = doc.get("subscriptionGroupTable") or {}
-            groups = {name: SubscriptionGroupConfig.from_dict(v) for name, v in table.items()}
-            version = doc.get("dataVersion") or {}
-            self._counter = int(version.get("counter", 0))
-            self._timestamp_ms = int(version.get("timestamp", self._timestamp_ms))
-        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"{self._path}: not a subscription group table: {exc}") from exc
+            groups, self._counter, self._timestamp_ms = decode_groups(data, self._timestamp_ms)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{self._path}: {exc}") from exc
         self._groups.update(groups)
         log.info("loaded %d subscription groups from %s", len(groups), self._path)
+
+    def replace_all(self, data: bytes) -> bool:
+        """A slave: take the master's whole table (GET_ALL_SUBSCRIPTIONGROUP_CONFIG's body) and
+        data version. Returns False, changing nothing, when the version is the one held already.
+
+        Raises:
+            ProtocolError: `data` is not a subscription group table (nothing changes).
+        """
+        groups, counter, timestamp_ms = decode_groups(data, self._timestamp_ms)
+        if (counter, timestamp_ms) == (self._counter, self._timestamp_ms):
+            return False
+        self._groups = groups
+        self._counter, self._timestamp_ms = counter, timestamp_ms
+        log.info("subscription groups copied from the master (data version %d)", counter)
+        self._writer.submit(self._snapshot())
+        return True
+
+    def to_json(self) -> bytes:
+        """The table and its data version, as GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201) answers."""
+        return self._snapshot()
 
     def _snapshot(self) -> bytes:
         doc = {

@@ -45,6 +45,23 @@ def split_key(key: str) -> tuple[str, str]:
     return topic, group
 
 
+def decode_offsets(data: bytes) -> dict[str, dict[int, int]]:
+    """The table of a consumerOffset.json document (queue ids quoted or not).
+
+    Raises:
+        ProtocolError: `data` is not a consumer offset table.
+    """
+    try:
+        doc = orjson.loads(quote_int_keys(data))
+        raw = doc.get("offsetTable") or {}
+        return {
+            str(key): {int(qid): int(offset) for qid, offset in queues.items()}
+            for key, queues in raw.items()
+        }
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"not a consumer offset table: {exc}") from exc
+
+
 class ConsumerOffsetTable:
     """In-memory table with explicit `persist()`; a `dirty` flag says whether a write is due."""
 
@@ -63,17 +80,30 @@ class ConsumerOffsetTable:
         if data is None:
             return
         try:
-            doc = orjson.loads(quote_int_keys(data))
-            raw = doc.get("offsetTable") or {}
-            table = {
-                str(key): {int(qid): int(offset) for qid, offset in queues.items()}
-                for key, queues in raw.items()
-            }
-        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"{self._path}: not a consumer offset table: {exc}") from exc
+            table = decode_offsets(data)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{self._path}: {exc}") from exc
         self._table = table
         self.dirty = False
         log.info("loaded offsets of %d topic@group pairs from %s", len(table), self._path)
+
+    def copy_from_master(self, data: bytes) -> int:
+        """A slave: take the master's offsets (GET_ALL_CONSUMER_OFFSET's body). Each topic@group
+        the master has replaces the slave's; one only the slave has is kept (RocketMQ's putAll:
+        commits made here while the master was away survive until the master has that pair).
+        Returns how many pairs changed.
+
+        Raises:
+            ProtocolError: `data` is not a consumer offset table (nothing changes).
+        """
+        changed = 0
+        for key, queues in decode_offsets(data).items():
+            if self._table.get(key) != queues:
+                self._table[key] = queues
+                changed += 1
+        if changed:
+            self.dirty = True
+        return changed
 
     def _snapshot(self) -> bytes:
         doc = {

@@ -23,6 +23,12 @@ broker does not wait for its next round to tell it:
 A name server that is down when a round runs enters `retrying` the same way. A restarted name
 server thus has this broker's routes at most RETRY_DELAY_MS_MAX (plus one request) after its port
 accepts again, instead of up to registerNameServerPeriod (30 s) later.
+
+Replication: the header's haServerAddr is brokerIP1 and the bound HA port (`ha_address`). A
+name server answers a slave's registration with its master's client address (masterAddr) and HA
+address (haServerAddr); each answer that names a master goes to `on_master(master_addr,
+ha_addr)` (the slave's HASlave and SlaveSync). An answer without one changes nothing: a name
+server that has not heard from the master yet must not make a slave forget it.
 """
 
 from __future__ import annotations
@@ -34,23 +40,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from tidemq.broker.config import BrokerConfig
+from tidemq.broker.config import HA_PORT_OFFSET, BrokerConfig
 from tidemq.broker.handlers.common import BrokerAddress
 from tidemq.broker.service import PeriodicService
 from tidemq.broker.topics import TopicTable
-from tidemq.errors import QueueError
+from tidemq.errors import ProtocolError, QueueError
 from tidemq.protocol.bodies import RegisterBrokerBody
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.protocol.headers import RegisterBrokerRequestHeader, UnregisterBrokerRequestHeader
+from tidemq.protocol.headers import (
+    RegisterBrokerRequestHeader,
+    RegisterBrokerResponseHeader,
+    UnregisterBrokerRequestHeader,
+)
 from tidemq.remoting.client import RemotingClient
 from tidemq.remoting.connection import Connection
 
 log = logging.getLogger(__name__)
 
 _CRC_MASK: Final = 0x7FFFFFFF
-# RocketMQ advertises the HA (replication) port as listenPort + 1.
-HA_PORT_OFFSET: Final = 1
+# Called with a name server's answer to a slave: the master's client address and HA address.
+MasterListener = Callable[[str, str | None], None]
 # First retry after a name server's connection closed or a registration with it failed: a name
 # server restarted by its supervisor needs at least this long to listen again.
 RETRY_DELAY_MS_MIN: Final = 100
@@ -74,12 +84,18 @@ class RegistrationService:
         client: RemotingClient,
         *,
         on_result: Callable[[str, bool], None] | None = None,
+        ha_address: Callable[[], str] | None = None,
+        on_master: MasterListener | None = None,
     ) -> None:
+        """`ha_address` gives the advertised HA address (default: brokerIP1:haListenPort or
+        listenPort+1); `on_master` hears the master a name server names (see module doc)."""
         self._config = config
         self._address = address
         self._topics = topics
         self._client = client
         self._on_result = on_result
+        self._ha_address = ha_address
+        self._on_master = on_master
         self._periodic = PeriodicService(
             "namesrv-registration", config.register_interval_ms, self.register_all
         )
@@ -136,11 +152,31 @@ class RegistrationService:
             broker_name=self._config.broker_name,
             broker_addr=self._address.text,
             cluster_name=self._config.broker_cluster_name,
-            ha_server_addr=f"{self._address.host}:{self._address.port + HA_PORT_OFFSET}",
+            ha_server_addr=self._ha_server_addr(),
             broker_id=self._config.broker_id,
             body_crc32=zlib.crc32(body) & _CRC_MASK,
         )
         return header.to_fields(), body
+
+    def _ha_server_addr(self) -> str:
+        if self._ha_address is not None:
+            return self._ha_address()
+        port = self._config.ha_listen_port
+        if port is None:
+            port = self._address.port + HA_PORT_OFFSET
+        return f"{self._address.host}:{port}"
+
+    def _heard(self, response: RemotingCommand) -> None:
+        """Pass the master a REGISTER_BROKER answer names to `on_master`."""
+        if self._on_master is None:
+            return
+        try:
+            header = RegisterBrokerResponseHeader.from_fields(response.ext_fields)
+        except ProtocolError as exc:
+            log.warning("REGISTER_BROKER answer with a bad header: %s", exc)
+            return
+        if header.master_addr is not None:
+            self._on_master(header.master_addr, header.ha_server_addr)
 
     def _watch(self, addr: str) -> None:
         """Register again with `addr` when the connection just used for it closes."""
@@ -228,6 +264,8 @@ class RegistrationService:
             outcome = _Outcome(ok, "" if ok else f"answered {response.code}: {response.remark}")
             if ok:
                 log.debug("%s to %s done", RequestCode(code).name, addr)
+                if code == RequestCode.REGISTER_BROKER:
+                    self._heard(response)
         if self._on_result is not None:
             self._on_result(addr, outcome.ok)
         return outcome

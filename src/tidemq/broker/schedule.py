@@ -31,11 +31,11 @@ from typing import Final, Protocol
 import orjson
 
 from tidemq.broker.delay_levels import PARKING_PROPERTIES, TIMER_PROPERTIES, requested_delivery_ms
-from tidemq.broker.persist import ConfigWriter, read_optional
+from tidemq.broker.persist import ConfigWriter, quote_int_keys, read_optional
 from tidemq.broker.restore import message_from_stored
 from tidemq.broker.service import cancel_and_wait, run_due_loop
 from tidemq.clock import Clock
-from tidemq.errors import CorruptRecordError
+from tidemq.errors import CorruptRecordError, ProtocolError
 from tidemq.protocol import record as rec
 from tidemq.protocol.message import (
     DELAY,
@@ -213,6 +213,30 @@ class ScheduleService:
             return
         table = orjson.loads(data).get("offsetTable", {})
         self._progress = {int(level): int(offset) for level, offset in table.items()}
+
+    def replace_progress(self, data: bytes) -> bool:
+        """A slave: take the master's progress (GET_ALL_DELAY_OFFSET's body, `{1:0,2:5}` keys
+        quoted or not). Returns whether anything changed.
+
+        Raises:
+            ProtocolError: `data` is not a delay offset table (nothing changes).
+        """
+        try:
+            table = orjson.loads(quote_int_keys(data)).get("offsetTable") or {}
+            progress = {int(level): int(offset) for level, offset in table.items()}
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"not a delay offset table: {exc}") from exc
+        if progress == self._progress:
+            return False
+        self._progress = progress
+        self._dirty = True
+        return True
+
+    def to_json(self) -> bytes:
+        """The progress as GET_ALL_DELAY_OFFSET (45) answers it (RocketMQ's delayOffset.json
+        shape, with quoted keys)."""
+        table = {str(level): offset for level, offset in sorted(self._progress.items())}
+        return orjson.dumps({"offsetTable": table})
 
     def _snapshot(self) -> bytes:
         table = {str(level): offset for level, offset in sorted(self._progress.items())}

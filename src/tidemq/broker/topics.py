@@ -162,6 +162,19 @@ class TopicTable:
         self._changed(f"topic {config.topic_name} set to {config}")
         return True
 
+    def replace_all(self, wrapper: TopicConfigSerializeWrapper) -> bool:
+        """A slave: take the master's whole table and data version (slave_sync.py). Returns
+        False, changing nothing, when the version is the one held already."""
+        if wrapper.data_version == self._version:
+            return False
+        self._topics = dict(wrapper.topic_config_table)
+        self._version = wrapper.data_version
+        log.info("topic table copied from the master (data version %d)", self._version.counter)
+        self._writer.submit(self.wrapper().to_json())
+        for listener in list(self._listeners):
+            listener()
+        return True
+
     def delete(self, topic: str) -> bool:
         if self._topics.pop(topic, None) is None:
             return False

@@ -31,6 +31,7 @@ from tidemq.broker.transaction.resolution import TransactionResolver
 from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.clock import FakeClock
 from tidemq.protocol import record as rec
+from tidemq.protocol.codes import ResponseCode
 from tidemq.remoting.connection import Connection
 from tidemq.store.config import StoreConfig
 from tidemq.store.message_store import FileMessageStore
@@ -87,10 +88,10 @@ class SimBroker:
             self._clock,
         )
 
-        async def wait_flushed(_offset: int) -> bool:
-            return True
+        async def wait_durable(_offset: int) -> tuple[int, str]:
+            return ResponseCode.SUCCESS, ""  # the simulation's store never fails to persist
 
-        handler = EndTransactionHandler(BrokerConfig(), self.resolver, wait_flushed)
+        handler = EndTransactionHandler(BrokerConfig(), self.resolver, wait_durable)
         self.end_transaction = guarded(handler.handle)
 
     def restart(self, *, clean: bool) -> None:

@@ -100,9 +100,9 @@ class Sink:
         table = HandlerTable()
         flush_ends: list[int] = []
 
-        async def flushed(end: int) -> bool:
+        async def flushed(end: int) -> tuple[int, str]:
             flush_ends.append(end)
-            return True
+            return ResponseCode.SUCCESS, ""
 
         EndBatchHandler(BrokerConfig(), self.batches, flushed).register(table)
         header = EndBatchRequestHeader(sink_id=sink, batch_id=batch, commit_or_rollback=action)

@@ -34,9 +34,9 @@ class Flush:
     def __init__(self) -> None:
         self.ends: list[int] = []
 
-    async def __call__(self, end: int) -> bool:
+    async def __call__(self, end: int) -> tuple[int, str]:
         self.ends.append(end)
-        return True
+        return ResponseCode.SUCCESS, ""
 
 
 class Ends:

@@ -24,9 +24,11 @@ class Flush:
         self.ok = ok
         self.ends: list[int] = []
 
-    async def __call__(self, end: int) -> bool:
+    async def __call__(self, end: int) -> tuple[int, str]:
         self.ends.append(end)
-        return self.ok
+        if self.ok:
+            return ResponseCode.SUCCESS, ""
+        return ResponseCode.FLUSH_DISK_TIMEOUT, "stored, but not flushed within 5000 ms"
 
 
 async def call(
@@ -150,7 +152,7 @@ async def test_a_real_topic_record_is_not_a_half_message(world: World) -> None:
 
 async def test_slave_answers_slave_not_available(world: World) -> None:
     put = world.prepare()
-    slave = BrokerConfig(broker_id=1, broker_role="SLAVE")
+    slave = BrokerConfig(broker_id=1, broker_role="SLAVE", ha_secret="s" * 16)
     assert code_of(await call(world, put, COMMIT, config=slave)) == ResponseCode.SLAVE_NOT_AVAILABLE
     assert world.real_messages() == []
 

@@ -1,14 +1,23 @@
 """Admin requests (remoting.md §4.12): topics (17, 21, 202, 215), broker config and runtime (26,
-28), consumers (203, 208) and all consumer offsets (43).
+28), consumers (203, 208), and the tables a slave copies (slave_sync.py): all topic configs (21),
+consumer offsets (43), delay offsets (45) and subscription groups (201).
+
+The bodies of 43, 45 and 201 are RocketMQ's persisted files (consumerOffset.json,
+delayOffset.json, subscriptionGroup.json with its dataVersion), with standard JSON's quoted keys
+where fastjson writes `{0:12}` (fastjson reads both). GET_BROKER_CONFIG never shows haSecret
+(config_keys.py redacts it). Runtime info (28) carries the replication keys of ha_info.py.
 
 Topic changes go through the TopicTable, whose change listener re-registers with the name
-servers. Statistics bodies use TideMQ's list form (protocol/bodies_client.py); the consumer
-connection body (203) follows Java's ConsumerConnection field names.
+servers. A slave refuses the admin writes (17, 215) with SLAVE_NOT_AVAILABLE, as it refuses sends:
+its tables are copies of its master's (slave_sync.py), replaced on the next copy round.
+Statistics bodies use TideMQ's list form (protocol/bodies_client.py); the consumer connection
+body (203) follows Java's ConsumerConnection field names.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -17,7 +26,9 @@ from tidemq._version import __version__
 from tidemq.broker.clients import ClientRegistry
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.config_file import render_config
-from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
+from tidemq.broker.groups import SubscriptionGroupTable
+from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded, slave_refusal_remark
+from tidemq.broker.handlers.ha_info import HAFields
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.topics import TOPIC_QUEUE_NUMS_MAX, TopicTable
 from tidemq.clock import Clock
@@ -57,7 +68,13 @@ class AdminHandlers:
         topics: TopicTable,
         offsets: ConsumerOffsetTable,
         clients: ClientRegistry,
+        *,
+        groups: SubscriptionGroupTable | None = None,
+        delay_offsets: Callable[[], bytes] | None = None,
+        ha_fields: HAFields | None = None,
     ) -> None:
+        """`groups` and `delay_offsets` (the schedule's `to_json`) answer 201 and 45;
+        `ha_fields` adds the replication keys to runtime info (ha_info.py)."""
         self._config = config
         self._address = address
         self._clock = clock
@@ -65,6 +82,9 @@ class AdminHandlers:
         self._topics = topics
         self._offsets = offsets
         self._clients = clients
+        self._groups = groups
+        self._delay_offsets = delay_offsets
+        self._ha_fields = ha_fields
         self._boot_ms = clock.now_ms()
 
     def register(self, table: HandlerTable) -> None:
@@ -77,12 +97,26 @@ class AdminHandlers:
         table.register(RequestCode.GET_CONSUMER_CONNECTION_LIST, guarded(self.consumer_connections))
         table.register(RequestCode.DELETE_TOPIC_IN_BROKER, guarded(self.delete_topic))
         table.register(RequestCode.GET_ALL_CONSUMER_OFFSET, guarded(self.all_consumer_offsets))
+        if self._delay_offsets is not None:
+            table.register(RequestCode.GET_ALL_DELAY_OFFSET, guarded(self.all_delay_offsets))
+        if self._groups is not None:
+            table.register(
+                RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, guarded(self.all_subscription_groups)
+            )
 
     # -- topics ------------------------------------------------------------------------------
+
+    def _refuse_on_slave(self) -> None:
+        """An admin write on a slave: its tables are its master's copies."""
+        if self._config.is_slave:
+            raise Refusal(
+                ResponseCode.SLAVE_NOT_AVAILABLE, slave_refusal_remark(self._config.broker_name)
+            )
 
     async def create_topic(
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand:
+        self._refuse_on_slave()
         header = CreateTopicRequestHeader.from_fields(request.ext_fields)
         try:
             validate_topic(header.topic)
@@ -122,6 +156,7 @@ class AdminHandlers:
     async def delete_topic(
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand:
+        self._refuse_on_slave()
         header = DeleteTopicRequestHeader.from_fields(request.ext_fields)
         if header.topic == TBW102 or is_system_topic(header.topic):
             raise Refusal(ResponseCode.SYSTEM_ERROR, f"the topic[{header.topic}] is a system topic")
@@ -225,6 +260,18 @@ class AdminHandlers:
     ) -> RemotingCommand:
         return request.response(ResponseCode.SUCCESS, body=self._offsets.to_json())
 
+    async def all_delay_offsets(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        assert self._delay_offsets is not None  # registered only with it
+        return request.response(ResponseCode.SUCCESS, body=self._delay_offsets())
+
+    async def all_subscription_groups(
+        self, connection: Connection, request: RemotingCommand
+    ) -> RemotingCommand:
+        assert self._groups is not None  # registered only with it
+        return request.response(ResponseCode.SUCCESS, body=self._groups.to_json())
+
     # -- broker ------------------------------------------------------------------------------
 
     async def broker_config(
@@ -243,7 +290,9 @@ class AdminHandlers:
             "brokerAddr": self._address.text,
             "bootTimestamp": str(self._boot_ms),
             "runtime": f"{(now - self._boot_ms) // 1000} s",
+            "brokerRole": self._config.broker_role,
             "commitLogMaxOffset": str(self._store.max_physical_offset),
+            "commitLogMinOffset": str(self._store.min_physical_offset),
             "commitLogFlushedOffset": str(self._store.flushed_physical_offset),
             "commitLogDiskRatio": f"{self._store.disk_usage_ratio_percent() / 100:.4f}",
             "topicCount": str(len(self._topics.names())),
@@ -251,4 +300,6 @@ class AdminHandlers:
             "producerGroupCount": str(len(self._clients.producer_groups())),
             "pid": str(os.getpid()),
         }
+        if self._ha_fields is not None:
+            table.update(self._ha_fields())
         return request.response(ResponseCode.SUCCESS, body=KVTable(table=table).to_json())

@@ -43,6 +43,15 @@ class BrokerAddress:
         return f"{self.host}:{self.port}"
 
 
+def slave_refusal_remark(broker_name: str) -> str:
+    """The remark of a write (send, send-back, end transaction, end batch, topic create or
+    delete) a slave refuses."""
+    return (
+        f"the broker[{broker_name}] is a slave: it takes no writes (they go to the master of "
+        "its group and reach it by replication)"
+    )
+
+
 class Refusal(Exception):
     """Raised inside a handler to answer `code` with `remark` (and optional header fields)."""
 

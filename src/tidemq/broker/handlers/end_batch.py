@@ -17,7 +17,8 @@
         ROLLBACK of a decided batch) ─▶ TRANSACTION_FAILED with the reason (ext
         batchRolledBack=true when the COMMIT lists txns rolled back here)
         store refused ─▶ the put status's code
-    SYNC_FLUSH ─▶ the record and committed messages are awaited (FLUSH_DISK_TIMEOUT when late)
+    SYNC_FLUSH / SYNC_MASTER ─▶ the record and committed messages are awaited (durability.py:
+        FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE when not achieved)
     SUCCESS, ext: alreadyCommitted (true|false), committed, rolledBack (halves resolved now)
 
 The driver's two phases over every broker make a batch atomic across brokers (ARCHITECTURE.md,
@@ -27,14 +28,19 @@ The driver's two phases over every broker make a batch atomic across brokers (AR
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
 import orjson
 
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.handlers.common import PUT_STATUS_CODES, Refusal, guarded
+from tidemq.broker.durability import WaitDurable
+from tidemq.broker.handlers.common import (
+    PUT_STATUS_CODES,
+    Refusal,
+    guarded,
+    slave_refusal_remark,
+)
 from tidemq.broker.transaction.batch import (
     BATCH_TXNS_MAX,
     BatchOutcome,
@@ -55,8 +61,6 @@ from tidemq.remoting.handlers import HandlerTable
 log = logging.getLogger(__name__)
 
 _OUTCOMES: Final = {SysFlag.COMMIT: BatchOutcome.COMMIT, SysFlag.ROLLBACK: BatchOutcome.ROLLBACK}
-
-WaitFlushed = Callable[[int], Awaitable[bool]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +109,11 @@ def lookup_body(state: BatchState | None) -> bytes:
 
 class EndBatchHandler:
     def __init__(
-        self, config: BrokerConfig, batches: SinkBatchResolver, wait_flushed: WaitFlushed
+        self, config: BrokerConfig, batches: SinkBatchResolver, wait_durable: WaitDurable
     ) -> None:
         self._config = config
         self._batches = batches
-        self._wait_flushed = wait_flushed
+        self._wait_durable = wait_durable
 
     def register(self, table: HandlerTable) -> None:
         table.register(RequestCode.TIDEMQ_END_BATCH, guarded(self.handle))
@@ -119,7 +123,7 @@ class EndBatchHandler:
     ) -> RemotingCommand | None:
         if not self._config.is_master:
             raise Refusal(
-                ResponseCode.SLAVE_NOT_AVAILABLE, "the broker is a slave: end batch is forbidden"
+                ResponseCode.SLAVE_NOT_AVAILABLE, slave_refusal_remark(self._config.broker_name)
             )
         header = EndBatchRequestHeader.from_fields(request.ext_fields)
         outcome = _OUTCOMES.get(header.commit_or_rollback)
@@ -166,10 +170,8 @@ class EndBatchHandler:
             "committed": str(result.committed),
             "rolledBack": str(result.rolled_back),
         }
-        if result.durable_end and not await self._wait_flushed(result.durable_end):
-            return request.response(
-                ResponseCode.FLUSH_DISK_TIMEOUT,
-                fields,
-                remark=f"ended, but not flushed within {self._config.sync_flush_timeout_ms} ms",
-            )
+        if result.durable_end:
+            code, remark = await self._wait_durable(result.durable_end)
+            if code != ResponseCode.SUCCESS:
+                return request.response(code, fields, remark=f"batch ended and {remark}")
         return request.response(ResponseCode.SUCCESS, fields)

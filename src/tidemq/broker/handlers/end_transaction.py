@@ -9,15 +9,16 @@
         message; a repeat of the known outcome is SUCCESS and stores nothing; a contradiction
         (ROLLBACK after COMMIT, COMMIT after ROLLBACK or discard) is TRANSACTION_FAILED naming
         the outcome
-    SYNC_FLUSH ─▶ the committed message's flush is awaited (FLUSH_DISK_TIMEOUT when late)
+    SYNC_FLUSH / SYNC_MASTER ─▶ the committed message's durability is awaited (durability.py:
+        FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE when not achieved)
 
 Both the oneway (Java, and our client) and the request form (C++) are accepted. Nobody reads the
 answer to a oneway request (the remoting layer drops it), so a oneway answer that passes the
 checks above is not resolved at once: it joins the *round* of the current loop turn, which
 `TransactionResolver.end_many` stores once every request decoded in that turn has been handled
 (one store call for the real messages, one op message per outcome), and its commit's
-flush is not awaited. A failure is logged, as the refusal of a oneway request always is, and the
-transaction stays pending until a check-back settles it, as if the request had been lost. A
+durability is not awaited. A failure is logged, as the refusal of a oneway request always is, and
+the transaction stays pending until a check-back settles it, as if the request had been lost. A
 request-form answer first stores the round (answers keep their arrival order) and then is
 resolved on its own, so its response says what happened.
 """
@@ -26,11 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Final
 
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.handlers.common import PUT_STATUS_CODES, Refusal, guarded, response_name
+from tidemq.broker.durability import WaitDurable
+from tidemq.broker.handlers.common import (
+    PUT_STATUS_CODES,
+    Refusal,
+    guarded,
+    response_name,
+    slave_refusal_remark,
+)
 from tidemq.broker.transaction.ledger import TransactionForgotten
 from tidemq.broker.transaction.resolution import Answer, EndResult, TransactionResolver
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput
@@ -53,16 +60,14 @@ _INPUTS: Final = {
 # and the round's memory stay bounded however many requests one read delivers.
 END_ROUND_MAX: Final = 1_024
 
-WaitFlushed = Callable[[int], Awaitable[bool]]
-
 
 class EndTransactionHandler:
     def __init__(
-        self, config: BrokerConfig, resolver: TransactionResolver, wait_flushed: WaitFlushed
+        self, config: BrokerConfig, resolver: TransactionResolver, wait_durable: WaitDurable
     ) -> None:
         self._config = config
         self._resolver = resolver
-        self._wait_flushed = wait_flushed
+        self._wait_durable = wait_durable
         # The oneway answers of this loop turn, with the message id and peer for the log.
         self._round: list[tuple[Answer, str, Connection]] = []
 
@@ -74,8 +79,7 @@ class EndTransactionHandler:
     ) -> RemotingCommand | None:
         if not self._config.is_master:
             raise Refusal(
-                ResponseCode.SLAVE_NOT_AVAILABLE,
-                "the broker is a slave: end transaction is forbidden",
+                ResponseCode.SLAVE_NOT_AVAILABLE, slave_refusal_remark(self._config.broker_name)
             )
         header = EndTransactionRequestHeader.from_fields(request.ext_fields)
         tx_input = _INPUTS.get(header.commit_or_rollback)
@@ -102,13 +106,10 @@ class EndTransactionHandler:
             raise _failure_refusal(result, tx_input)
         log.debug("%s of %s: %s", _source(header), header.msg_id, result.state.value)
         stored = result.stored
-        if stored is not None and not await self._wait_flushed(
-            stored.physical_offset + stored.size
-        ):
-            return request.response(
-                ResponseCode.FLUSH_DISK_TIMEOUT,
-                remark=f"committed, but not flushed within {self._config.sync_flush_timeout_ms} ms",
-            )
+        if stored is not None:
+            code, remark = await self._wait_durable(stored.physical_offset + stored.size)
+            if code != ResponseCode.SUCCESS:
+                return request.response(code, remark=f"committed: {remark}")
         return request.response(ResponseCode.SUCCESS)
 
     def _answer(self, header: EndTransactionRequestHeader, tx_input: TxInput) -> Answer:

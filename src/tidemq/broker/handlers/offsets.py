@@ -43,22 +43,36 @@ def commit_clamped(
     topic: str,
     queue_id: int,
     offset: int,
+    *,
+    lagging: bool = False,
 ) -> bool:
-    """Commit `offset` clamped to the queue's [min, max] (names and queue id already checked)."""
+    """Commit `offset` clamped to the queue's [min, max] (names and queue id already checked).
+
+    `lagging`: the store is a slave's copy, which may not hold yet what the consumer read from
+    the master, so an offset past its end is kept as it is (clamping it would deliver those
+    messages again)."""
     if offset < 0:
         return offsets.commit(group, topic, queue_id, offset)  # ignored there, and logged
-    offset_min = store.min_offset(topic, queue_id)
-    offset_max = store.max_offset(topic, queue_id)
-    return offsets.commit(group, topic, queue_id, min(max(offset, offset_min), offset_max))
+    offset = max(offset, store.min_offset(topic, queue_id))
+    if not lagging:
+        offset = min(offset, store.max_offset(topic, queue_id))
+    return offsets.commit(group, topic, queue_id, offset)
 
 
 class OffsetHandlers:
     def __init__(
-        self, store: FileMessageStore, offsets: ConsumerOffsetTable, topics: TopicTable
+        self,
+        store: FileMessageStore,
+        offsets: ConsumerOffsetTable,
+        topics: TopicTable,
+        *,
+        is_slave: bool = False,
     ) -> None:
+        """`is_slave`: commits past the store's end are kept (`commit_clamped`'s `lagging`)."""
         self._store = store
         self._offsets = offsets
         self._topics = topics
+        self._is_slave = is_slave
 
     def register(self, table: HandlerTable) -> None:
         table.register(RequestCode.QUERY_CONSUMER_OFFSET, guarded(self.query_consumer_offset))
@@ -105,6 +119,7 @@ class OffsetHandlers:
             header.topic,
             header.queue_id,
             header.commit_offset,
+            lagging=self._is_slave,
         )
         return request.response(ResponseCode.SUCCESS)
 

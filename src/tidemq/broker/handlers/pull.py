@@ -17,22 +17,38 @@ Store status → response code (§4.2 table):
     OFFSET_TOO_SMALL, OFFSET_OVERFLOW_BADLY      21  PULL_OFFSET_MOVED
     OFFSET_OVERFLOW_ONE                          19  PULL_NOT_FOUND (long-poll candidate)
     NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING     20  PULL_RETRY_IMMEDIATELY
+    on a slave, any 21 of the above              20  with nextBeginOffset = the requested offset:
+                                                     the slave lags its master, the consumer's
+                                                     offset is not wrong (RocketMQ's
+                                                     offsetCheckInSlave=false)
 
 Every response, errors included, carries the four header fields (suggestWhichBrokerId,
 nextBeginOffset, minOffset, maxOffset) as strings: C++ raises and ali-ons throws without them.
-With the COMMIT_OFFSET bit the request's commitOffset is stored for the group as a side effect.
+With the COMMIT_OFFSET bit the request's commitOffset is stored for the group as a side effect
+(on a master only, as upstream: a slave's offsets are its master's copy, slave_sync.py).
+
+suggestWhichBrokerId (replication, RocketMQ 4.x's rule):
+
+    slave                                                   0 (read from the master when it is up)
+    master, slaveReadEnable off                             0
+    master, slaveReadEnable on, records found and the last  the group's whichBrokerWhenConsume-
+      one starts more than accessMessageInMemoryMaxRatio %    Slowly (1): such reads miss the page
+      of physical memory before the log's end                 cache and compete with the writes
+    master, slaveReadEnable on, otherwise                   the group's brokerId (0)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import Final
 
 from tidemq.broker.clients import ClientRegistry
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.filter import FilterRefused, SubscriptionFilter, build_filter
-from tidemq.broker.groups import SubscriptionGroupTable
+from tidemq.broker.groups import SubscriptionGroupConfig, SubscriptionGroupTable
 from tidemq.broker.handlers.common import Refusal, guarded
 from tidemq.broker.handlers.offsets import commit_clamped
 from tidemq.broker.offsets import ConsumerOffsetTable
@@ -47,7 +63,8 @@ from tidemq.protocol.headers import (
     PullMessageResponseHeader,
     PullSysFlag,
 )
-from tidemq.protocol.message import Perm, validate_group, validate_topic
+from tidemq.protocol.message import MASTER_BROKER_ID, Perm, validate_group, validate_topic
+from tidemq.protocol.record import physical_offset_at
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.store.message_store import FileMessageStore
@@ -82,6 +99,22 @@ def pull_response_code(status: GetStatus, requested_offset: int) -> ResponseCode
     return code
 
 
+def physical_memory_bytes() -> int:
+    """The machine's physical memory (RocketMQ's totalPhysicalMemorySize); 0 if unknown."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+
+
+def slave_read_lag_bytes(config: BrokerConfig, memory_bytes: int) -> int | None:
+    """How far behind the log's end a pull may read before a master suggests its slave; None
+    when it never does (a slave, or slaveReadEnable off, or the memory is unknown)."""
+    if config.is_slave or not config.slave_read_enable or memory_bytes <= 0:
+        return None
+    return memory_bytes * config.access_message_in_memory_max_ratio_percent // 100
+
+
 @dataclass(frozen=True, slots=True)
 class _Evaluation:
     code: ResponseCode
@@ -106,6 +139,7 @@ class PullHandler:
         self._offsets = offsets
         self._clients = clients
         self._hold = hold
+        self._slave_read_lag = slave_read_lag_bytes(config, physical_memory_bytes())
 
     def register(self, table: HandlerTable) -> None:
         table.register(RequestCode.PULL_MESSAGE, guarded(self.handle))
@@ -120,7 +154,7 @@ class PullHandler:
             fields = PullMessageResponseHeader(next_begin_offset=0, min_offset=0, max_offset=0)
             raise Refusal(ResponseCode.SYSTEM_ERROR, str(exc), fields.to_fields()) from None
         try:
-            tag_filter = self._check(connection, header)
+            group, tag_filter = self._check(connection, header)
         except Refusal as exc:
             # Error answers carry the four fields too (the clients read them unconditionally).
             exc.ext_fields = self._empty_fields(header)
@@ -137,7 +171,7 @@ class PullHandler:
                 header.commit_offset,
             )
         if first.code != _NOT_FOUND or not flags & PullSysFlag.SUSPEND:
-            return self._response(request, first)
+            return self._response(request, first, group)
         timeout_ms = (
             header.suspend_timeout_millis
             if self._config.long_polling_enable
@@ -155,11 +189,12 @@ class PullHandler:
         )
         if connection.closed:
             return None
-        return self._response(request, self._evaluate(header, tag_filter))
+        return self._response(request, self._evaluate(header, tag_filter), group)
 
     def _check(
         self, connection: Connection, header: PullMessageRequestHeader
-    ) -> SubscriptionFilter:
+    ) -> tuple[SubscriptionGroupConfig, SubscriptionFilter]:
+        """The group's config and the filter, after every check (a Refusal otherwise)."""
         if not Perm.is_readable(self._config.broker_permission):
             raise Refusal(
                 ResponseCode.NO_PERMISSION,
@@ -200,7 +235,7 @@ class PullHandler:
                 f"consumer:[{connection.peer_text}]",
             )
         if header.sys_flag & PullSysFlag.SUBSCRIPTION:
-            return self._parse(header.subscription, header.expression_type)
+            return group, self._parse(header.subscription, header.expression_type)
         subscription = self._clients.subscription(header.consumer_group, header.topic)
         if subscription is None:
             raise Refusal(
@@ -214,7 +249,7 @@ class PullHandler:
                 f"the consumer's subscription not latest ({subscription.sub_version} < "
                 f"{header.sub_version})",
             )
-        return self._parse(subscription.sub_string, subscription.expression_type)
+        return group, self._parse(subscription.sub_string, subscription.expression_type)
 
     def _parse(self, expression: str | None, expression_type: str | None) -> SubscriptionFilter:
         try:
@@ -237,12 +272,32 @@ class PullHandler:
             tag_codes=tag_filter.codes,
             message_filter=predicate.matches_record if predicate is not None else None,
         )
-        return _Evaluation(pull_response_code(result.status, header.queue_offset), result)
+        code = pull_response_code(result.status, header.queue_offset)
+        if code == _MOVED and self._config.is_slave:
+            # A slave may only lag its master: an offset it does not hold yet is no reason to
+            # move the consumer (RocketMQ's nextOffsetCorrection, offsetCheckInSlave=false). It
+            # keeps the offset and is told to retry, at the master (suggestWhichBrokerId).
+            code = _RETRY
+            result = dataclasses.replace(result, next_begin_offset=header.queue_offset)
+        return _Evaluation(code, result)
 
-    def _response(self, request: RemotingCommand, evaluation: _Evaluation) -> RemotingCommand:
+    def _suggest(self, result: GetResult, group: SubscriptionGroupConfig) -> int:
+        """suggestWhichBrokerId (the module doc's table)."""
+        lag_max = self._slave_read_lag
+        if lag_max is None:
+            return MASTER_BROKER_ID
+        if result.records:
+            behind = self._store.max_physical_offset - physical_offset_at(result.records[-1])
+            if behind > lag_max:
+                return group.which_broker_when_consume_slowly
+        return group.broker_id
+
+    def _response(
+        self, request: RemotingCommand, evaluation: _Evaluation, group: SubscriptionGroupConfig
+    ) -> RemotingCommand:
         result = evaluation.result
         fields = PullMessageResponseHeader(
-            suggest_which_broker_id=0,
+            suggest_which_broker_id=self._suggest(result, group),
             next_begin_offset=result.next_begin_offset,
             min_offset=result.min_offset,
             max_offset=result.max_offset,

@@ -3,7 +3,12 @@
     header ─▶ broker writable? ─▶ topic name legal? not a system topic? ─▶ topic known, else
     auto-create from the default topic (INHERIT bit) or as a retry topic ─▶ queue id valid
     (negative: the broker picks) ─▶ topic writable ─▶ build MessageToStore(s) ─▶ store.put_*
-    ─▶ SYNC_FLUSH: await the flush ─▶ response header (offsetMsgId, queueId, queueOffset)
+    ─▶ SYNC_FLUSH / SYNC_MASTER: await durability (durability.py) ─▶ response header
+    (offsetMsgId, queueId, queueOffset)
+
+On a SLAVE every send is refused with SLAVE_NOT_AVAILABLE (its log is its master's copy): the
+check is part of `_check`, which a send to an already checked topic skips, so it costs the
+master's hot path nothing; a slave never fills that cache.
 
 A topic that passed the checks up to "topic writable" is remembered (not a retry topic, whose
 group lives in another table) until the topic table next changes: its next sends skip them.
@@ -44,17 +49,17 @@ from typing import Final
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.delay_levels import PARKING_PROPERTIES
-from tidemq.broker.flush import FlushService
+from tidemq.broker.durability import Durability
 from tidemq.broker.groups import SubscriptionGroupTable
-from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
+from tidemq.broker.handlers.common import (
+    BrokerAddress,
+    Refusal,
+    guarded,
+    slave_refusal_remark,
+)
 from tidemq.broker.handlers.send_back import header_max_reconsume_times, redirect_exhausted
 from tidemq.broker.handlers.send_body import CompressedBodyCheck
-from tidemq.broker.handlers.send_coalesce import (
-    SendCoalescer,
-    Substitute,
-    flush_timeout_remark,
-    store_refusal,
-)
+from tidemq.broker.handlers.send_coalesce import SendCoalescer, Substitute, store_refusal
 from tidemq.broker.schedule import DelayRefused, DelayRouter
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction.ledger import TransactionBusy
@@ -110,7 +115,7 @@ class SendHandler:
         store: FileMessageStore,
         topics: TopicTable,
         groups: SubscriptionGroupTable,
-        flush: FlushService,
+        durability: Durability,
         transactions: TransactionResolver | None = None,
         delays: DelayRouter | None = None,
         clock: Clock | None = None,
@@ -120,12 +125,12 @@ class SendHandler:
         self._store = store
         self._topics = topics
         self._groups = groups
-        self._flush = flush
+        self._durability = durability
         self._transactions = transactions
         self._delays = delays
         # Spreads sends with queueId < 0 over the queues (no randomness outside cli/testing).
         self._spread = itertools.count()
-        self._coalescer = SendCoalescer(store, flush, address, config.sync_flush_timeout_ms)
+        self._coalescer = SendCoalescer(store, durability, address)
         # A COMPRESSED body must inflate (send_body.py): a batch body to at most its largest
         # uncompressed form, a single body to maxMessageSize.
         self._compressed = CompressedBodyCheck(
@@ -242,6 +247,10 @@ class SendHandler:
     # -- checks ------------------------------------------------------------------------------
 
     def _check(self, connection: Connection, header: SendMessageRequestHeader) -> TopicConfig:
+        if self._config.is_slave:
+            raise Refusal(
+                ResponseCode.SLAVE_NOT_AVAILABLE, slave_refusal_remark(self._config.broker_name)
+            )
         if not Perm.is_writable(self._config.broker_permission):
             raise Refusal(
                 ResponseCode.NO_PERMISSION,
@@ -424,10 +433,7 @@ class SendHandler:
             msg_ids = ",".join(offset_msg_ids(host, port, [r.physical_offset for r in results]))
             end = max(r.physical_offset + r.size for r in results)
         fields = send_response_fields(msg_ids, queue_id, results[0].queue_offset)
-        if self._flush.sync and not await self._flush.wait_flushed(end):
-            return request.response(
-                ResponseCode.FLUSH_DISK_TIMEOUT,
-                fields,
-                remark=flush_timeout_remark(self._config.sync_flush_timeout_ms),
-            )
+        if self._durability.waits:
+            code, remark = await self._durability.wait_durable(end)
+            return request.response(code, fields, remark=remark or None)
         return request.response(ResponseCode.SUCCESS, fields)

@@ -6,7 +6,11 @@
          otherwise (delayLevel 0 ─▶ 3 + reconsumeTimes) ─▶ %RETRY%<group>, DELAY = level
     ─▶ new message: same body, flags, born fields and properties; reconsumeTimes + 1;
        RETRY_TOPIC = the original topic (kept if already set); ORIGIN_MESSAGE_ID = the first
-       msgId; RECONSUME_TIME = the new count ─▶ parked by the DelayRouter ─▶ 0
+       msgId; RECONSUME_TIME = the new count ─▶ parked by the DelayRouter ─▶ stored
+    ─▶ durability (flush, SYNC_MASTER ack: durability.py) ─▶ 0 or its error code
+
+A slave refuses with SLAVE_NOT_AVAILABLE (the client then sends the message to the retry topic
+through its producer, which writes to a master).
 
 `max` is the header's maxReconsumeTimes when present (ali-ons and Java send it), else the group's
 retryMaxTimes (16). The same limit applies to a direct send to %RETRY%<group> whose
@@ -21,9 +25,14 @@ import logging
 from typing import Final
 
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.flush import FlushService
+from tidemq.broker.durability import Durability
 from tidemq.broker.groups import SubscriptionGroupConfig, SubscriptionGroupTable
-from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded
+from tidemq.broker.handlers.common import (
+    BrokerAddress,
+    Refusal,
+    guarded,
+    slave_refusal_remark,
+)
 from tidemq.broker.restore import message_from_stored
 from tidemq.broker.schedule import DelayRefused, DelayRouter
 from tidemq.broker.topics import PERM_DEFAULT, TopicTable
@@ -102,7 +111,7 @@ class SendBackHandler:
         store: FileMessageStore,
         topics: TopicTable,
         groups: SubscriptionGroupTable,
-        flush: FlushService,
+        durability: Durability,
         delays: DelayRouter,
     ) -> None:
         self._config = config
@@ -110,7 +119,7 @@ class SendBackHandler:
         self._store = store
         self._topics = topics
         self._groups = groups
-        self._flush = flush
+        self._durability = durability
         self._delays = delays
         self._spread = itertools.count()
 
@@ -139,13 +148,16 @@ class SendBackHandler:
                 ResponseCode.SYSTEM_ERROR,
                 f"send back to {destination} failed: {result.status.value} {result.error}",
             )
-        if not await self._flush.wait_flushed(result.physical_offset + result.size):
-            return request.response(ResponseCode.FLUSH_DISK_TIMEOUT, remark="not flushed in time")
-        return request.response(ResponseCode.SUCCESS)
+        code, remark = await self._durability.wait_durable(result.physical_offset + result.size)
+        return request.response(code, remark=remark or None)
 
     def _writable_group(self, group_name: str) -> SubscriptionGroupConfig:
         """The consumer group, created if allowed, on a broker that takes writes; else a Refusal."""
         validate_group(group_name)  # send-back may create the group: only legal names
+        if self._config.is_slave:
+            raise Refusal(
+                ResponseCode.SLAVE_NOT_AVAILABLE, slave_refusal_remark(self._config.broker_name)
+            )
         if not Perm.is_writable(self._config.broker_permission):
             raise Refusal(
                 ResponseCode.NO_PERMISSION,

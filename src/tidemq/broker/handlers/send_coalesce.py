@@ -5,12 +5,15 @@
          put_pending with loop.call_soon)
       ... the rest of this turn's reads: more frames of the same read, other connections' frames
     put_pending ─▶ store.put_each(pending), one pass ─▶ per send: its refusal, or
-         ASYNC_FLUSH  SUCCESS at once
-         SYNC_FLUSH   one flush callback for the whole group ─▶ SUCCESS or FLUSH_DISK_TIMEOUT each
+         ASYNC_FLUSH + ASYNC_MASTER  SUCCESS at once
+         SYNC_FLUSH or SYNC_MASTER   one durability callback for the whole group (the flush and
+                                     the slave's ack, awaited together: durability.py) ─▶ SUCCESS,
+                                     FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT or
+                                     SLAVE_NOT_AVAILABLE each
       ─▶ connection.respond_frame / respond: each connection's write coalescing sends them
 
 Why: a send's cost was mostly per call (store put, a task per sync-flush wait); one put for the
-sends of a turn is the batch path's cost, and one flush callback replaces a task per send. The
+sends of a turn is the batch path's cost, and one durability callback replaces a task per send. The
 loop turn bounds the wait: put_pending runs before the loop polls for more input, so a lone send
 waits one callback, not a timer.
 
@@ -36,9 +39,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-from tidemq.broker.flush import FlushService
+from tidemq.broker.durability import Durability
 from tidemq.broker.handlers.common import PUT_STATUS_CODES, BrokerAddress, refuse
 from tidemq.protocol.codes import ResponseCode
 from tidemq.protocol.frame import RemotingCommand, SerializeType, encode_send_success
@@ -49,6 +52,9 @@ from tidemq.store.message_store import FileMessageStore
 from tidemq.store.types import MessageToStore, PutResult
 
 log = logging.getLogger(__name__)
+
+
+_SUCCESS: Final = int(ResponseCode.SUCCESS)
 
 
 class Substitute(NamedTuple):
@@ -78,27 +84,17 @@ def store_refusal(topic: str, result: PutResult) -> tuple[int, str]:
     return code, remark.rstrip()
 
 
-def flush_timeout_remark(sync_flush_timeout_ms: int) -> str:
-    """The remark of a FLUSH_DISK_TIMEOUT answer to a send (coalesced or not)."""
-    return f"stored, but not flushed within {sync_flush_timeout_ms} ms"
-
-
 class SendCoalescer:
     """Collects the plain single sends of a loop turn; stores and answers them together."""
 
-    __slots__ = ("_address", "_flush", "_pending", "_scheduled", "_store", "_timeout_remark")
+    __slots__ = ("_address", "_durability", "_pending", "_scheduled", "_store")
 
     def __init__(
-        self,
-        store: FileMessageStore,
-        flush: FlushService,
-        address: BrokerAddress,
-        sync_flush_timeout_ms: int,
+        self, store: FileMessageStore, durability: Durability, address: BrokerAddress
     ) -> None:
         self._store = store
-        self._flush = flush
+        self._durability = durability
         self._address = address
-        self._timeout_remark = flush_timeout_remark(sync_flush_timeout_ms)
         self._pending: list[_Pending] = []
         self._scheduled = False
 
@@ -123,7 +119,7 @@ class SendCoalescer:
 
     def put_pending(self) -> None:
         """Store the sends collected so far, in arrival order, and answer them (now, or once
-        flushed in SYNC_FLUSH)."""
+        durable: SYNC_FLUSH, SYNC_MASTER)."""
         pending, self._pending = self._pending, []
         if not pending:
             return
@@ -143,12 +139,13 @@ class SendCoalescer:
         stored = self._answer_refused(pending, results, msg_ids)
         if not stored:
             return
-        if self._flush.sync:
+        durability = self._durability
+        if durability.waits:
             answer = self._answer_stored
             end = max(r.physical_offset + r.size for r in ok)
-            self._flush.on_flushed(end, lambda flushed: answer(stored, flushed))
+            durability.on_durable(end, lambda code, remark: answer(stored, code, remark))
         else:
-            self._answer_stored(stored, True)
+            self._answer_stored(stored, _SUCCESS, "")
 
     def _answer_refused(
         self, pending: list[_Pending], results: list[PutResult], msg_ids: list[str]
@@ -180,8 +177,9 @@ class SendCoalescer:
             stored.append((connection, request, msg_id, queue_id, result.queue_offset))
         return stored
 
-    def _answer_stored(self, stored: list[_Stored], flushed: bool) -> None:
-        if flushed:
+    def _answer_stored(self, stored: list[_Stored], code: int, remark: str) -> None:
+        """Answer the stored sends of one group with `code` (the durability's verdict)."""
+        if code == _SUCCESS:
             json = SerializeType.JSON
             for connection, request, msg_id, queue_id, queue_offset in stored:
                 if request.serialize_type is json:
@@ -191,8 +189,7 @@ class SendCoalescer:
                     fields = send_response_fields(msg_id, queue_id, queue_offset)
                     connection.respond(request, request.response(ResponseCode.SUCCESS, fields))
             return
-        remark = self._timeout_remark
         for connection, request, msg_id, queue_id, queue_offset in stored:
             fields = send_response_fields(msg_id, queue_id, queue_offset)
-            response = request.response(ResponseCode.FLUSH_DISK_TIMEOUT, fields, remark=remark)
+            response = request.response(code, fields, remark=remark)
             connection.respond(request, response)
