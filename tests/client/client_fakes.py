@@ -43,6 +43,10 @@ class FakeBroker:
     # stalled broker; FakeCluster.stop sets it, so no handler outlives the test).
     stalled: set[int] = field(default_factory=set)
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    # 0: the master of its group (brokers with one name), 1, 2, ...: its slaves.
+    broker_id: int = 0
+    # The port it listened on first: a restart (FakeCluster.restart) listens there again.
+    port: int = 0
 
     @property
     def addr(self) -> str:
@@ -124,9 +128,13 @@ class FakeCluster:
         self, topic: str, queues: int = 4, perm: int = 6, brokers: list[FakeBroker] | None = None
     ) -> None:
         chosen = brokers if brokers is not None else self.brokers
+        names = list(dict.fromkeys(b.name for b in chosen))  # one entry per group
         self.routes[topic] = TopicRouteData(
-            queue_datas=[QueueData(b.name, queues, queues, perm) for b in chosen],
-            broker_datas=[BrokerData("C", b.name, {0: b.addr}) for b in chosen],
+            queue_datas=[QueueData(name, queues, queues, perm) for name in names],
+            broker_datas=[
+                BrokerData("C", name, {b.broker_id: b.addr for b in chosen if b.name == name})
+                for name in names
+            ],
         )
 
     async def _route(self, connection: Connection, request: RemotingCommand) -> RemotingCommand:
@@ -140,17 +148,27 @@ class FakeCluster:
 
     async def start(self) -> None:
         for broker in self.brokers:
-            table = HandlerTable()
-            for code in RequestCode:
-                if code != RequestCode.GET_ROUTEINFO_BY_TOPIC:
-                    table.register(code, broker.handle)
-            broker.server = RemotingServer(table, "127.0.0.1", 0, name=broker.name)
-            await broker.server.start()
+            await self.restart(broker)
         table = HandlerTable()
         table.register(RequestCode.GET_ROUTEINFO_BY_TOPIC, self._route)
         self.namesrv = RemotingServer(table, "127.0.0.1", 0, name="namesrv")
         await self.namesrv.start()
         self.add_topic("TBW102", queues=8, perm=7)
+
+    async def restart(self, broker: FakeBroker) -> None:
+        """Listen for `broker` (again, on its first port if it had one)."""
+        table = HandlerTable()
+        for code in RequestCode:
+            if code != RequestCode.GET_ROUTEINFO_BY_TOPIC:
+                table.register(code, broker.handle)
+        broker.server = RemotingServer(table, "127.0.0.1", broker.port, name=broker.name)
+        await broker.server.start()
+        broker.port = broker.server.port
+
+    async def kill(self, broker: FakeBroker) -> None:
+        """Stop listening for `broker` and close its connections (a crashed broker)."""
+        assert broker.server is not None
+        await broker.server.stop()
 
     async def stop(self) -> None:
         for broker in self.brokers:
@@ -163,8 +181,10 @@ class FakeCluster:
 class QueueBroker(FakeBroker):
     """A FakeBroker that also stores messages per queue and serves the consumer protocol."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
+    def __init__(self, name: str, broker_id: int = 0) -> None:
+        super().__init__(name, broker_id=broker_id)
+        # What PULL_MESSAGE answers carry as suggestWhichBrokerId.
+        self.suggest_broker_id = 0
         self.queues: dict[tuple[str, int], list[bytes]] = {}
         self.offsets: dict[tuple[str, str, int], int] = {}
         self.client_ids: set[str] = set()
@@ -199,7 +219,7 @@ class QueueBroker(FakeBroker):
         stored = self.queues.get((topic, qid), [])
         found = stored[offset : offset + count]
         fields = {
-            "suggestWhichBrokerId": "0",
+            "suggestWhichBrokerId": str(self.suggest_broker_id),
             "minOffset": "0",
             "maxOffset": str(len(stored)),
             "nextBeginOffset": str(offset + len(found)),

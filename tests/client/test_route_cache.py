@@ -80,7 +80,10 @@ def test_cache_addresses_and_change_detection():
     changed = route(QueueData("broker-a", 8, 8, 6), brokers={"broker-a": {1: "10.0.0.2:10911"}})
     assert cache.put("T", changed, 6.0) is True
     assert cache.master_address("broker-a") is None
-    assert cache.any_address("broker-a") == "10.0.0.2:10911"
+    assert cache.addresses("broker-a") == {1: "10.0.0.2:10911"}
+    assert cache.addresses("broker-x") == {}
+    assert cache.all_addresses(slaves=False) == []
+    assert cache.all_addresses(slaves=True) == ["10.0.0.2:10911"]
     cache.forget("T")
     assert cache.get("T") is None
 

@@ -1,8 +1,11 @@
 """Client-side administration: what the `tidemq` CLI (and later the dashboard) asks a cluster.
 
 Every call goes through the same ClientInstance as producers and consumers, to the name servers
-(cluster info, topic list, routes) or to each master broker concerned (topic creation, statistics,
-message lookup), and merges the brokers' answers:
+(cluster info, topic list, routes) or to each broker group concerned, and merges the brokers'
+answers. Changes (topic creation and deletion) go to masters; reads (statistics, message lookup)
+to one broker per group, the master unless the read router says otherwise (read_route.py): a
+group whose master is down still answers from its slave, as upstream's admin asks
+`BrokerData.selectBrokerAddr()` (the master, else a slave).
 
 - `create_topic` sends UPDATE_AND_CREATE_TOPIC to every master of a cluster (or one broker);
 - `topic_stats` / `consume_stats` merge per-queue tables across the topic's brokers; consume stats
@@ -47,7 +50,6 @@ from tidemq.protocol.record import decode_record, decode_records
 
 from .instance import AskNext, ClientInstance, no_brokers
 from .message import MessageExt
-from .route_cache import master_addresses
 
 # QUERY_MESSAGE answers at most this many messages per broker (the broker caps unique-key
 # queries at 32 as well).
@@ -110,6 +112,12 @@ class Admin:
 
     async def _broker(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:
         return await self._instance.remoting.invoke(addr, cmd, self.timeout_ms)
+
+    def _read_addresses(self, route: TopicRouteData) -> dict[str, str]:
+        """broker name → the address a read of that group goes to, for the groups of `route`
+        (which must be in the instance's cache: fetch_route puts it there)."""
+        names = sorted({broker.broker_name for broker in route.broker_datas})
+        return {name: self._instance.reads.target(name).addr for name in names}
 
     # -- name server -----------------------------------------------------------------------
 
@@ -198,7 +206,7 @@ class Admin:
         route = await self._instance.fetch_route(topic)
         table: dict[MessageQueue, TopicOffset] = {}
         header = GetTopicStatsInfoRequestHeader(topic=topic)
-        for addr in sorted(master_addresses(route).values()):
+        for addr in self._read_addresses(route).values():
             cmd = RemotingCommand(
                 code=RequestCode.GET_TOPIC_STATS_INFO, ext_fields=header.to_fields()
             )
@@ -211,7 +219,8 @@ class Admin:
         addrs: set[str] = set()
         for name in [pm.retry_topic(group)] + ([topic] if topic else []):
             try:
-                addrs.update(master_addresses(await self._instance.fetch_route(name)).values())
+                route = await self._instance.fetch_route(name)
+                addrs.update(self._read_addresses(route).values())
             except BrokerError as exc:
                 if exc.response_code != ResponseCode.TOPIC_NOT_EXIST:
                     raise
@@ -250,7 +259,7 @@ class Admin:
             unique_key_query=unique_key,
         )
         found: list[MessageExt] = []
-        for name, addr in sorted(master_addresses(route).items()):
+        for name, addr in self._read_addresses(route).items():
             cmd = RemotingCommand(code=RequestCode.QUERY_MESSAGE, ext_fields=header.to_fields())
             response = await self._broker(addr, cmd)
             if response.code == ResponseCode.QUERY_NOT_FOUND:

@@ -1,9 +1,13 @@
 """One coroutine per broker request a consumer or admin tool makes, over a ClientInstance.
 
-Each turns a typed header into a RemotingCommand, sends it to the master of the queue's broker and
+Each turns a typed header into a RemotingCommand, sends it to a broker of the queue's group and
 turns the answer into Python values, raising `tidemq.errors.BrokerError` subclasses for codes the
-caller does not expect. The push consumer, the pull consumer and the admin client share them, so
-the wire use of each code lives in one place. A pull's answer is decoded by pull_answer.py (pure).
+caller does not expect. Reads (pulls, offset commits and queries, queue offsets, consumer lists)
+go where the instance's read router says: the master while it answers, else a slave
+(read_route.py); writes and locks (send-back, LOCK/UNLOCK_BATCH_MQ) go to the master only, as
+RocketMQ 4.x slaves refuse them. The push consumer, the pull consumer and the admin client share
+them, so the wire use of each code lives in one place. A pull's answer is decoded by
+pull_answer.py (pure).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 
-from tidemq.errors import BrokerError, ClientError, ProtocolError, error_for_code
+from tidemq.errors import BrokerError, ClientClosedError, ClientError, ProtocolError, error_for_code
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import (
     ConsumerListBody,
@@ -32,6 +36,7 @@ from tidemq.protocol.headers import (
     GetMinOffsetRequestHeader,
     OffsetResponseHeader,
     PullMessageRequestHeader,
+    PullSysFlag,
     QueryConsumerOffsetRequestHeader,
     SearchOffsetRequestHeader,
     UpdateConsumerOffsetRequestHeader,
@@ -40,6 +45,8 @@ from tidemq.protocol.headers import (
 from .instance import ClientInstance
 from .message import MessageExt, PullResult
 from .pull_answer import decode_pull_response
+from .read_route import BrokerTarget
+from .route_cache import MASTER_ID
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +54,30 @@ logger = logging.getLogger(__name__)
 def _checked(response: RemotingCommand, *ok: int) -> RemotingCommand:
     if response.code not in (ResponseCode.SUCCESS, *ok):
         raise error_for_code(response.code, response.remark)
+    return response
+
+
+async def invoke_read(
+    instance: ClientInstance,
+    target: BrokerTarget,
+    cmd: RemotingCommand,
+    timeout_ms: float | None = None,
+) -> RemotingCommand:
+    """Request to `target` (from `instance.reads`); the raw response (any code). A transport
+    failure makes later reads of its group skip that address until a probe finds it answering.
+
+    Raises:
+        ClientError: no answer (transport).
+    """
+    timeout = instance.request_timeout_ms if timeout_ms is None else timeout_ms
+    try:
+        response = await instance.remoting.invoke(target.addr, cmd, timeout)
+    except ClientClosedError:
+        raise
+    except ClientError:
+        instance.reads.record(target, failed=True)
+        raise
+    instance.reads.record(target, failed=False)
     return response
 
 
@@ -63,7 +94,15 @@ async def pull(
     suspend_ms: int = 0,
     timeout_ms: float,
     sub_version: int = 0,
+    broker_id: int = MASTER_ID,
 ) -> PullResult:
+    """PULL_MESSAGE from the broker of `mq`'s group the read router picks, preferring
+    `broker_id` (the queue's last suggestWhichBrokerId). A pull sent to a slave has its
+    COMMIT_OFFSET flag cleared: slaves take offsets from explicit commits only (as upstream).
+    """
+    target = instance.reads.target(mq.broker_name, broker_id)
+    if target.is_slave:
+        sys_flag &= ~int(PullSysFlag.COMMIT_OFFSET)
     header = PullMessageRequestHeader(
         consumer_group=group,
         topic=mq.topic,
@@ -79,7 +118,7 @@ async def pull(
     )
     tag_filter = pm.parse_tag_expression(expression)
     cmd = RemotingCommand(code=RequestCode.PULL_MESSAGE, ext_fields=header.to_fields())
-    response = await instance.invoke_broker(mq.broker_name, cmd, timeout_ms)
+    response = await invoke_read(instance, target, cmd, timeout_ms)
     result = decode_pull_response(
         response, mq, tag_filter, requested_offset=offset, max_nums=max_nums
     )
@@ -87,7 +126,7 @@ async def pull(
         # The body's framing broke at its first record: one message at a time finds its end.
         header = dataclasses.replace(header, max_msg_nums=1)
         cmd = RemotingCommand(code=RequestCode.PULL_MESSAGE, ext_fields=header.to_fields())
-        response = await instance.invoke_broker(mq.broker_name, cmd, timeout_ms)
+        response = await invoke_read(instance, target, cmd, timeout_ms)
         result = decode_pull_response(response, mq, tag_filter, requested_offset=offset)
     assert result is not None  # one message asked for: never None
     return result
@@ -99,9 +138,8 @@ async def query_consumer_offset(instance: ClientInstance, group: str, mq: Messag
         consumer_group=group, topic=mq.topic, queue_id=mq.queue_id
     )
     cmd = RemotingCommand(code=RequestCode.QUERY_CONSUMER_OFFSET, ext_fields=header.to_fields())
-    response = _checked(
-        await instance.invoke_broker(mq.broker_name, cmd), ResponseCode.QUERY_NOT_FOUND
-    )
+    target = instance.reads.target(mq.broker_name)
+    response = _checked(await invoke_read(instance, target, cmd), ResponseCode.QUERY_NOT_FOUND)
     if response.code == ResponseCode.QUERY_NOT_FOUND:
         return -1
     return OffsetResponseHeader.from_fields(response.ext_fields).offset
@@ -109,16 +147,24 @@ async def query_consumer_offset(instance: ClientInstance, group: str, mq: Messag
 
 async def update_consumer_offset(
     instance: ClientInstance, group: str, mq: MessageQueue, offset: int
-) -> None:
+) -> BrokerTarget:
+    """Store the group's next offset for `mq` in its group's master, else in a slave (which
+    keeps it until the master's copy replaces it: commit there again once the master is
+    back); returns the broker it was stored in."""
     header = UpdateConsumerOffsetRequestHeader(
         consumer_group=group, topic=mq.topic, queue_id=mq.queue_id, commit_offset=offset
     )
     cmd = RemotingCommand(code=RequestCode.UPDATE_CONSUMER_OFFSET, ext_fields=header.to_fields())
-    _checked(await instance.invoke_broker(mq.broker_name, cmd))
+    target = instance.reads.target(mq.broker_name)
+    _checked(await invoke_read(instance, target, cmd))
+    return target
 
 
 async def _offset_request(instance: ClientInstance, mq: MessageQueue, cmd: RemotingCommand) -> int:
-    response = _checked(await instance.invoke_broker(mq.broker_name, cmd))
+    # Upstream asks the master only (MQAdminImpl uses findBrokerAddressInPublish); a slave's
+    # consume queues answer as well while its master is down, so TideMQ reads these there too.
+    target = instance.reads.target(mq.broker_name)
+    response = _checked(await invoke_read(instance, target, cmd))
     return OffsetResponseHeader.from_fields(response.ext_fields).offset
 
 
@@ -155,19 +201,18 @@ async def earliest_store_time(instance: ClientInstance, mq: MessageQueue) -> int
     cmd = RemotingCommand(
         code=RequestCode.GET_EARLIEST_MSG_STORETIME, ext_fields=header.to_fields()
     )
-    response = _checked(await instance.invoke_broker(mq.broker_name, cmd))
+    response = _checked(await invoke_read(instance, instance.reads.target(mq.broker_name), cmd))
     return EarliestMsgStoretimeResponseHeader.from_fields(response.ext_fields).timestamp
 
 
-async def consumer_ids(instance: ClientInstance, group: str, broker_addr: str) -> list[str]:
-    """The ids of the group's live consumers, as one broker knows them, sorted."""
+async def consumer_ids(instance: ClientInstance, group: str, target: BrokerTarget) -> list[str]:
+    """The ids of the group's live consumers, as one broker knows them (a slave knows them
+    from the consumers' heartbeats too), sorted."""
     header = GetConsumerListByGroupRequestHeader(consumer_group=group)
     cmd = RemotingCommand(
         code=RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields=header.to_fields()
     )
-    response = _checked(
-        await instance.remoting.invoke(broker_addr, cmd, instance.request_timeout_ms)
-    )
+    response = _checked(await invoke_read(instance, target, cmd))
     return sorted(ConsumerListBody.from_json(response.body).consumer_id_list)
 
 

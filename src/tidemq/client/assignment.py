@@ -49,7 +49,7 @@ from .message import ConsumeFromWhere
 from .offset_store import InitialOffset, OffsetTable, initial_offset_rule
 from .process_queue import ProcessQueue
 from .rebalance import allocate_averagely
-from .route_cache import master_addresses, subscribe_queues
+from .route_cache import subscribe_queues
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +103,13 @@ async def allocate(
     queues = subscribe_queues(topic, route)
     if not clustering:
         return queues
-    for addr in sorted(master_addresses(route).values()):
+    # One broker per group, as reads go (the master, else a slave: heartbeats reach both).
+    for broker_name in sorted({b.broker_name for b in route.broker_datas}):
         try:
-            ids = await api.consumer_ids(instance, group, addr)
+            target = instance.reads.target(broker_name)
+            ids = await api.consumer_ids(instance, group, target)
         except (ClientError, BrokerError, ProtocolError) as exc:
-            logger.info("%s: consumer list from %s failed: %s", group, addr, exc)
+            logger.info("%s: consumer list from %s failed: %s", group, broker_name, exc)
             continue
         if instance.client_id not in ids:
             # The broker has not seen our heartbeat yet: say hello and wait for next round.
@@ -147,20 +149,24 @@ async def first_offset(
 async def commit_offsets(
     instance: ClientInstance, group: str, offsets: dict[MessageQueue, int]
 ) -> list[MessageQueue]:
-    """Send every offset to its broker concurrently; returns the queues whose commit failed."""
+    """Send every offset to its broker concurrently; returns the queues to commit again: those
+    whose commit failed, and those stored in a slave because the master did not answer (the
+    master's copy replaces the slave's once it is back, so the offset must reach it too)."""
     ordered = sorted(offsets.items())
     results = await asyncio.gather(
         *(api.update_consumer_offset(instance, group, mq, offset) for mq, offset in ordered),
         return_exceptions=True,
     )
-    failed: list[MessageQueue] = []
+    again: list[MessageQueue] = []
     for (mq, offset), result in zip(ordered, results, strict=True):
         if isinstance(result, (ClientError, BrokerError)):
             logger.warning("%s: commit %s=%d failed: %s", group, mq, offset, result)
-            failed.append(mq)
+            again.append(mq)
         elif isinstance(result, BaseException):
             raise result
-    return failed
+        elif result.is_slave:
+            again.append(mq)
+    return again
 
 
 async def release_queues(

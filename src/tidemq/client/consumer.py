@@ -11,6 +11,8 @@
     pull loop (one task per queue)
       wait while the queue caches ≥ pull_threshold messages (flow control)
       PULL_MESSAGE sysFlag SUSPEND|SUBSCRIPTION(|COMMIT_OFFSET): held ≤ 15 s, 30 s timeout
+      to the master of the queue's group, or the broker id its last answer suggested, or a slave
+      while the master fails (read_route.py)
       → ProcessQueue → listener; on a transport error wait 3 s and try again. A record that
       cannot be decoded (e.g. COMPRESSED but not zlib) is skipped, counted in
       `undecodable_count` and logged (rate-limited), and the offset moves past it
@@ -20,8 +22,9 @@
         ≤ consume_concurrency at once; a failed batch is sent back for a later retry.
       orderly (consume_orderly.py): one batch at a time per queue, only while its broker lock is
         held; a failed batch is retried in place, then sent to the dead-letter queue.
-    offsets committed every 5 s and at shutdown: clustering to the broker, broadcasting to a JSON
-      file under `offset_store_dir`.
+    offsets committed every 5 s and at shutdown: clustering to the broker (the master, else a
+      slave: an offset stored in a slave is committed again each round, so it reaches the master
+      once that is back), broadcasting to a JSON file under `offset_store_dir`.
 
 Clustering consumers also subscribe `%RETRY%<group>` with "*"; messages from it reach the listener
 with their original topic restored from the RETRY_TOPIC property.
@@ -62,6 +65,7 @@ from .message import (
 from .offset_store import LocalOffsetFile, OffsetTable
 from .process_queue import ProcessQueue
 from .pull_answer import UndecodableLog
+from .read_route import PullSuggestions
 from .rebalance import diff_assignment
 
 logger = logging.getLogger(__name__)
@@ -70,6 +74,10 @@ REBALANCE_INTERVAL_MS: Final = 10_000
 PERSIST_INTERVAL_MS: Final = 5_000
 # Pause after a failed pull, as RocketMQ's pullTimeDelayMillsWhenException.
 PULL_ERROR_DELAY_MS: Final = 3_000
+# After an answer that asks to retry at once but moves nothing (a slave that has not yet copied
+# the consumer's offset, with the master it points to down): the next pull waits this long
+# instead of spinning on the slave.
+PULL_STALLED_DELAY_MS: Final = 200
 # How long shutdown waits for listener calls already running before committing offsets.
 SHUTDOWN_CONSUME_WAIT_MS: Final = 10_000
 # Flow control per queue, as RocketMQ's pullThresholdForQueue / pullThresholdSizeForQueue.
@@ -127,6 +135,7 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
         self._listener: Listener | None = None
         self._queues: dict[MessageQueue, OwnedQueue] = {}
         self._offsets = OffsetTable()
+        self._pull_from = PullSuggestions()
         self._undecodable = UndecodableLog(group, self._clock)
         self._offset_file: LocalOffsetFile | None = None
         if self.message_model is MessageModel.BROADCASTING:
@@ -353,6 +362,7 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
 
     def _start_queue(self, mq: MessageQueue, offset: int) -> None:
         self._offsets.update(mq, offset, increase_only=False)
+        self._pull_from.forget(mq)
         state = OwnedQueue(mq, ProcessQueue(), offset)
         if self.orderly and self.clustering:
             state.pq.locked = True
@@ -397,6 +407,7 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
                     suspend_ms=PULL_SUSPEND_MS_DEFAULT,
                     timeout_ms=PULL_TIMEOUT_MS_DEFAULT,
                     sub_version=subscription.sub_version,
+                    broker_id=self._pull_from.get(mq),
                 )
             except (ClientError, BrokerError, ProtocolError) as exc:
                 logger.warning("%s: pull %s failed: %s", self._group, mq, exc)
@@ -404,7 +415,16 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
                 continue
             if pq.dropped:
                 return
+            self._pull_from.update(mq, result.suggest_which_broker_id)
+            stalled = (
+                result.status is PullStatus.NO_MATCHED_MSG
+                and not result.messages
+                and result.next_begin_offset == state.next_offset
+            )
             state.next_offset = result.next_begin_offset
+            if stalled:
+                await asyncio.sleep(PULL_STALLED_DELAY_MS / 1000)
+                continue
             self._undecodable.record(result.undecodable)
             if result.status is PullStatus.OFFSET_ILLEGAL:
                 logger.warning(
@@ -459,8 +479,8 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
         if self._offset_file is not None:
             await asyncio.to_thread(self._offset_file.save, self._offsets.items())
             return
-        failed = await commit_offsets(self._instance, self._group, dirty)
-        self._offsets.mark_dirty(failed)
+        again = await commit_offsets(self._instance, self._group, dirty)
+        self._offsets.mark_dirty(again)
 
     def committed_offsets(self) -> dict[MessageQueue, int]:
         """The offsets as this consumer last recorded them (for tests and monitoring)."""

@@ -5,7 +5,9 @@ probes. It runs only while some broker is skipped for a failure (the tracker's `
 wakes it) and ends when none is, so a healthy producer has no timer for it. Each due broker gets
 one probe (the producer passes a HEART_BEAT to the broker's master, which also re-registers the
 producer with a broker that restarted); the probes of one round run concurrently, so a hung
-broker delays no other broker's readmission.
+broker delays no other broker's readmission. The client instance runs a second one for reads,
+keyed by broker address (client/read_route.py): a consumer's master that stopped answering is
+probed the same way, and its pulls and commits return to it once it answers.
 """
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ Probe = Callable[[str, float], Awaitable[None]]
 
 
 class BrokerProber:
-    def __init__(self, faults: FaultTracker, probe: Probe, clock: Clock) -> None:
+    def __init__(
+        self, faults: FaultTracker, probe: Probe, clock: Clock, *, rotation: str = "send"
+    ) -> None:
         self._faults = faults
+        # Which rotation a readmitted broker returns to, for the log line ("send", "read").
+        self._rotation = rotation
         self._probe = probe
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
@@ -76,7 +82,8 @@ class BrokerProber:
         if self._faults.is_available(broker_name, finished):
             self.readmitted += 1
             logger.info(
-                "broker %s answers again (probe %.0f ms): back in the send rotation",
+                "broker %s answers again (probe %.0f ms): back in the %s rotation",
                 broker_name,
                 latency_ms,
+                self._rotation,
             )

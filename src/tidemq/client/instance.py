@@ -7,6 +7,7 @@ MQClientInstance).
                  one client id "<ip>@<pid>#<instance name>"
                  one route cache, refreshed every 30 s
                  one heartbeat every 30 s to every known broker, covering every group
+                 one read router: which broker of a group serves a read (read_route.py)
 
 Name servers are independent and each learns routes only from broker registrations, so one that
 has just restarted may not know a topic the others know. The instance starts at a random name
@@ -16,6 +17,9 @@ it answers TOPIC_NOT_EXIST (the caller's `ask_next`). Only when every name serve
 the topic unknown; one that failed in the last NAMESRV_FAILURE_MEMORY_MS is not asked for such a
 second opinion (a hung one would cost a timeout on every lookup of an unknown topic).
 
+Heartbeats go to every master and, with a consumer, to every slave too (as the Java client
+does): a slave serves a group's pulls and offsets only if it knows the group.
+
 Brokers learn of a client only from its heartbeat, and a broker that restarted has forgotten it;
 until it hears again it sends the group's transaction check-backs to nobody and leaves the client
 out of consumer lists. So besides the 30 s round the instance heartbeats:
@@ -23,7 +27,9 @@ out of consumer lists. So besides the 30 s round the instance heartbeats:
 - when a route names a broker it did not know;
 - after a broker's connection closed: again with backoff (REHEARTBEAT_DELAY_MS_MIN doubling to
   REHEARTBEAT_DELAY_MS_MAX) until it answers, for at most one heartbeat interval (then the
-  regular round covers a broker that is gone for good).
+  regular round covers a broker that is gone for good); once it answers, the routes are
+  refreshed REJOIN_ROUTE_REFRESH_DELAY_MS later (the name servers may have dropped it, and a
+  consumer's reads return to a master only once the route lists it again).
 
 Brokers know a client by its id: they list it in GET_CONSUMER_LIST_BY_GROUP (so rebalance splits
 queues between ids) and address transaction check-backs to its connection. Two consumers in one
@@ -79,6 +85,7 @@ from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 
 from .message import MessageExt
+from .read_route import ReadRouter
 from .route_cache import ROUTE_REFRESH_INTERVAL_MS, RouteCache
 
 logger = logging.getLogger(__name__)
@@ -193,6 +200,7 @@ class ClientInstance:
         handlers.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_notify_ids_changed)
         handlers.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check_transaction)
         self.remoting = RemotingClient(handlers, clock=self.clock)
+        self.reads = ReadRouter(self.routes, self.clock, self.probe_address)
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._started = False
@@ -225,6 +233,7 @@ class ClientInstance:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.reads.stop()
         await self.remoting.close()
 
     @property
@@ -269,7 +278,7 @@ class ClientInstance:
         header = UnregisterClientRequestHeader(
             client_id=self.client_id, producer_group=producer_group, consumer_group=consumer_group
         )
-        for addr in self.routes.master_addresses().values():
+        for addr in self.routes.all_addresses(slaves=True):
             cmd = RemotingCommand(code=RequestCode.UNREGISTER_CLIENT, ext_fields=header.to_fields())
             try:
                 await self.remoting.invoke(addr, cmd, self.request_timeout_ms)
@@ -337,9 +346,11 @@ class ClientInstance:
         if response.code != ResponseCode.SUCCESS:
             raise error_for_code(response.code, response.remark)
         route = TopicRouteData.from_json(response.body)
-        known = set(self.routes.master_addresses().values())
+        known, masters = set(self._heartbeat_addresses()), self.routes.master_addresses()
         self.routes.put(topic, route, self.clock.monotonic_ms())
-        if self._started and not set(self.routes.master_addresses().values()) <= known:
+        if self._consumers:
+            self.reads.watch_lost_masters(masters)
+        if self._started and not set(self._heartbeat_addresses()) <= known:
             # A new broker must hear from us before it answers consumer lists or check-backs.
             self._spawn(self.heartbeat())
         return route
@@ -392,7 +403,7 @@ class ClientInstance:
     async def invoke_broker(
         self, broker_name: str, cmd: RemotingCommand, timeout_ms: float | None = None
     ) -> RemotingCommand:
-        """Request to the master of `broker_name`; the raw response (any code)."""
+        """Request to the master of `broker_name` (writes, locks); the raw response (any code)."""
         addr = self.master_address(broker_name)
         timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
         return await self.remoting.invoke(addr, cmd, timeout)
@@ -404,12 +415,17 @@ class ClientInstance:
             consumer_data_set=[self._consumers[g].consumer_data() for g in sorted(self._consumers)],
         )
 
+    def _heartbeat_addresses(self) -> list[str]:
+        # Slaves only matter to consumers: they serve reads, never sends or check-backs.
+        return self.routes.all_addresses(slaves=bool(self._consumers))
+
     async def heartbeat(self) -> None:
-        """HEART_BEAT to every known master, one body covering every group of this instance."""
+        """HEART_BEAT to every known master (and slave, with a consumer), one body covering
+        every group of this instance."""
         if not self._producers and not self._consumers:
             return
         body = self.heartbeat_data().to_json()
-        for addr in sorted(set(self.routes.master_addresses().values())):
+        for addr in self._heartbeat_addresses():
             try:
                 await self.heartbeat_to(addr, self.request_timeout_ms, body)
             except (ClientError, BrokerError) as exc:
@@ -444,7 +460,19 @@ class ClientInstance:
         Raises:
             ClientError: no address known or no answer; BrokerError: an error answer.
         """
-        await self.heartbeat_to(self.master_address(broker_name), timeout_ms)
+        await self.probe_address(self.master_address(broker_name), timeout_ms)
+
+    async def probe_address(self, addr: str, timeout_ms: float) -> None:
+        """A heartbeat to `addr`, then a route refresh shortly after (as `probe_broker`): the
+        read router's probe (read_route.py).
+
+        Raises:
+            ClientError: no answer; BrokerError: an error answer.
+        """
+        await self.heartbeat_to(addr, timeout_ms)
+        self._refresh_soon()
+
+    def _refresh_soon(self) -> None:
         if not self._rejoin_refresh_pending:
             self._rejoin_refresh_pending = True
             self._spawn(self._refresh_after_rejoin())
@@ -481,6 +509,7 @@ class ClientInstance:
                     delay_ms = min(delay_ms * 2, REHEARTBEAT_DELAY_MS_MAX)
                     continue
                 logger.info("%s: broker %s answers heartbeats again", self.client_id, addr)
+                self._refresh_soon()
                 return
         finally:
             self._reheartbeats.discard(addr)

@@ -190,6 +190,9 @@ class PullResult:
     `undecodable` lists the records of the answer that could not be decoded: they are not in
     `messages`, and `next_begin_offset` moves past them like past a filtered message, so one bad
     record never blocks the messages behind it (client/pull_answer.py).
+
+    `suggest_which_broker_id` is the broker id of its group the answering broker suggests for
+    the queue's next pull (0: the master); the consumers follow it (client/read_route.py).
     """
 
     status: PullStatus
@@ -198,6 +201,7 @@ class PullResult:
     max_offset: int
     messages: Sequence[MessageExt] = ()
     undecodable: Sequence[UndecodableMessage] = ()
+    suggest_which_broker_id: int = 0
 
 
 class ConsumeConcurrentlyStatus(enum.Enum):

@@ -143,6 +143,7 @@ def decode_pull_response(
         max_offset=header.max_offset,
         messages=walk.messages,
         undecodable=walk.undecodable,
+        suggest_which_broker_id=header.suggest_which_broker_id,
     )
 
 

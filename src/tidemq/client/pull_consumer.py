@@ -7,6 +7,10 @@ broker answers at once, sysFlag SUBSCRIPTION); `pull_block_if_not_found` lets th
 request (long polling, sysFlag SUSPEND|SUBSCRIPTION) until a message arrives or `suspend_ms`
 passes.
 
+Pulls, offset commits and queries go to the master of the queue's broker group, or to a slave
+while the master is gone from the route or does not answer, or to the broker id the last pull
+of that queue suggested (client/read_route.py).
+
 A stored record that cannot be decoded (e.g. flagged COMPRESSED but not zlib data) is not in
 `PullResult.messages`: it is listed in `PullResult.undecodable`, counted in `undecodable_count`
 and logged (rate-limited), and `next_begin_offset` lies past it, so a caller that moves on to
@@ -29,6 +33,7 @@ from . import api
 from .instance import ClientInstance
 from .message import MessageModel, PullResult
 from .pull_answer import UndecodableLog
+from .read_route import PullSuggestions
 from .route_cache import subscribe_queues
 
 # As RocketMQ's consumerTimeoutMillisWhenSuspend (blocking pulls) and a plain pull's timeout.
@@ -55,6 +60,7 @@ class PullConsumer:
         )
         self.pull_timeout_ms = pull_timeout_ms
         self._undecodable = UndecodableLog(group, self._instance.clock)
+        self._pull_from = PullSuggestions()
         self._topics: set[str] = set()
         self._started = False
         self._closed = False
@@ -127,7 +133,7 @@ class PullConsumer:
         return subscribe_queues(topic, route)
 
     async def _ensure_route(self, mq: MessageQueue) -> None:
-        if self._instance.routes.master_address(mq.broker_name) is None:
+        if not self._instance.routes.addresses(mq.broker_name):
             self._topics.add(mq.topic)
             await self._instance.fetch_route(mq.topic)
 
@@ -174,7 +180,9 @@ class PullConsumer:
             sys_flag=int(sys_flag),
             suspend_ms=suspend_ms if block else 0,
             timeout_ms=suspend_ms + SUSPEND_MARGIN_MS if block else self.pull_timeout_ms,
+            broker_id=self._pull_from.get(mq),
         )
+        self._pull_from.update(mq, result.suggest_which_broker_id)
         self._undecodable.record(result.undecodable)
         return result
 

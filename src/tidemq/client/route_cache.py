@@ -13,15 +13,17 @@ auto-creates it. Then at most `DEFAULT_TOPIC_QUEUES_PER_BROKER` queues per broke
 because that is what the producer asks the broker to create (`defaultTopicQueueNums`).
 
 `RouteCache` is plain data: the client instance fills it (every 30 s and on demand) and reads
-broker addresses from it. `PublishInfos` is a producer's publish queues per topic, derived from it
-once per route object (every send asks, so they are not rebuilt per send). No I/O here, so
-everything is unit-tested.
+broker addresses from it: a group's master (id 0) for writes, any of its brokers for reads
+(client/read_route.py chooses). `PublishInfos` is a producer's publish queues per topic, derived
+from it once per route object (every send asks, so they are not rebuilt per send). No I/O here,
+so everything is unit-tested.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 from tidemq.errors import NoRouteError
@@ -100,6 +102,9 @@ class PublishInfo:
     via_default: bool = False
 
 
+_NO_ADDRESSES: Final[Mapping[int, str]] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry:
     route: TopicRouteData
@@ -144,12 +149,20 @@ class RouteCache:
     def master_address(self, broker_name: str) -> str | None:
         return self._brokers.get(broker_name, {}).get(MASTER_ID)
 
-    def any_address(self, broker_name: str) -> str | None:
-        """The master if known, else the lowest-id slave (reads only)."""
-        addrs = self._brokers.get(broker_name, {})
-        if not addrs:
-            return None
-        return addrs.get(MASTER_ID) or addrs[min(addrs)]
+    def addresses(self, broker_name: str) -> Mapping[int, str]:
+        """broker id → address of the group `broker_name` (empty if unknown); reads choose
+        among them (client/read_route.py). Not a copy: every pull asks."""
+        return self._brokers.get(broker_name, _NO_ADDRESSES)
+
+    def all_addresses(self, *, slaves: bool) -> list[str]:
+        """Every known broker address (masters only unless `slaves`), sorted, no duplicates."""
+        found = {
+            addr
+            for addrs in self._brokers.values()
+            for broker_id, addr in addrs.items()
+            if slaves or broker_id == MASTER_ID
+        }
+        return sorted(found)
 
     def broker_names(self) -> list[str]:
         return sorted(self._brokers)
