@@ -1,4 +1,4 @@
-"""Admin verbs: topic, cluster, send, consume, message, group.
+"""Admin verbs: topic, cluster, send, consume, message, group (`cluster list` is cli/cluster.py).
 
 Thin: each verb parses flags, calls the blocking client (`tidemq.client.blocking`) and prints a
 table or a line. Errors from the cluster are printed as one line with their response code and the
@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+from tidemq.cli import cluster as cli_cluster
 from tidemq.cli import dlq
 from tidemq.cli.table import print_table
 from tidemq.errors import QueueError
@@ -74,10 +75,7 @@ def _add_parsers_topic(verbs: Any, namesrv_default: str) -> None:
 def _add_parsers_cluster(verbs: Any, namesrv_default: str) -> None:
     cluster = _verb(verbs, "cluster", "brokers of each cluster")
     actions = cluster.add_subparsers(dest="action", required=True)
-    listing = _with_namesrv(
-        actions.add_parser("list", help="clusters and brokers"), namesrv_default
-    )
-    listing.set_defaults(run=run_cluster_list)
+    cli_cluster.add_actions(actions, namesrv_default)  # list: roles, offsets, replication lag
 
 
 def _add_parsers_send(verbs: Any, namesrv_default: str) -> None:
@@ -218,22 +216,6 @@ def run_topic_stats(args: argparse.Namespace) -> int:
                 _when(offset.last_update_timestamp),
             ]
         )
-    print_table(rows)
-    return 0
-
-
-def run_cluster_list(args: argparse.Namespace) -> int:
-    try:
-        with _admin(args) as admin:
-            info = admin.cluster_info()
-    except QueueError as error:
-        return _fail(error)
-    rows = [["CLUSTER", "BROKER", "ID", "ADDRESS"]]
-    for cluster, names in sorted(info.cluster_addr_table.items()):
-        for name in sorted(names):
-            broker = info.broker_addr_table.get(name)
-            for broker_id, addr in sorted(broker.broker_addrs.items()) if broker else []:
-                rows.append([cluster, name, str(broker_id), addr])
     print_table(rows)
     return 0
 

@@ -2,6 +2,11 @@
 
 Each builds the process's composition root(s), runs until SIGINT/SIGTERM, then stops them in
 reverse order, so Ctrl-C always leaves a clean store (offsets persisted, checkpoint written).
+
+`tidemq dev --slave` runs a name server, a master and its slave (same brokerName, brokerId 1,
+brokerRole SLAVE) in one event loop, with data under <data-dir>/master and <data-dir>/slave: a
+replicated broker group in one command. Both brokers get one haSecret, random per start unless
+given (--set haSecret=... or TIDEMQ_HA_SECRET); nothing outside the process needs to know it.
 """
 
 from __future__ import annotations
@@ -11,12 +16,15 @@ import asyncio
 import logging
 import os
 import resource
+import secrets
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from tidemq.broker.app import BrokerApp
+from tidemq.broker.config import BrokerConfig
 from tidemq.broker.config_file import load_broker_config, render_config
 from tidemq.clock import SystemClock
 from tidemq.namesrv.app import NamesrvApp
@@ -26,6 +34,12 @@ from tidemq.remoting.loop import install_uvloop
 from tidemq.store.lock import StoreLockedError
 
 log = logging.getLogger("tidemq")
+
+# The slave of `tidemq dev --slave` listens here by default: RocketMQ's quick-start habit of
+# master 10911, slave 10921 (clear of the master's VIP port 10909 and HA port 10912).
+DEV_SLAVE_PORT_DEFAULT: Final = 10921
+# The environment variable load_broker_config reads haSecret from (TIDEMQ_ + HA_SECRET).
+HA_SECRET_ENV: Final = "TIDEMQ_HA_SECRET"
 
 
 def add_parsers(verbs: Any) -> None:
@@ -46,6 +60,12 @@ def add_parsers(verbs: Any) -> None:
     dev.add_argument("--namesrv-port", type=int, default=9876)
     dev.add_argument("--broker-port", type=int, default=10911)
     dev.add_argument("--data-dir", type=Path, default=Path("data"))
+    dev.add_argument(
+        "--slave",
+        action="store_true",
+        help="also run a slave of the broker (data in <data-dir>/master and <data-dir>/slave)",
+    )
+    dev.add_argument("--slave-port", type=int, default=DEV_SLAVE_PORT_DEFAULT)
     dev.add_argument(
         "--set",
         action="append",
@@ -162,15 +182,39 @@ def run_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def dev_overrides(args: argparse.Namespace, env: Mapping[str, str]) -> list[dict[str, str]]:
+    """The broker.conf overrides of `tidemq dev`'s brokers: the master, then the slave if
+    --slave. --set keys apply to both; a slave's role, id, port and store are its own."""
+    data_dir: Path = args.data_dir.resolve()
+    common = _parse_sets(args.set)
+    master = {
+        "namesrvAddr": f"127.0.0.1:{args.namesrv_port}",
+        "listenPort": str(args.broker_port),
+        "storePathRootDir": str(data_dir / ("master" if args.slave else "broker")),
+        "brokerIP1": "127.0.0.1",
+        **common,
+    }
+    if not args.slave:
+        return [master]
+    if "haSecret" not in master and HA_SECRET_ENV not in env:
+        master["haSecret"] = secrets.token_hex(16)  # one run's secret, shared in this process
+    slave = {
+        **master,
+        "listenPort": str(args.slave_port),
+        "storePathRootDir": str(data_dir / "slave"),
+        "brokerRole": "SLAVE",
+        "brokerId": "1",
+    }
+    return [master, slave]
+
+
 def run_dev(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir.resolve()
-    overrides = _parse_sets(args.set)
-    overrides.setdefault("namesrvAddr", f"127.0.0.1:{args.namesrv_port}")
-    overrides.setdefault("listenPort", str(args.broker_port))
-    overrides.setdefault("storePathRootDir", str(data_dir / "broker"))
-    overrides.setdefault("brokerIP1", "127.0.0.1")
     try:
-        config = load_broker_config(None, os.environ, overrides)
+        configs = [
+            load_broker_config(None, os.environ, overrides)
+            for overrides in dev_overrides(args, os.environ)
+        ]
     except ValueError as exc:
         print(f"tidemq dev: {exc}", file=sys.stderr)
         return 2
@@ -182,15 +226,20 @@ def run_dev(args: argparse.Namespace) -> int:
         ),
         clock,
     )
-    log.info(
-        "tidemq dev: name server 127.0.0.1:%d, broker 127.0.0.1:%d, data in %s",
-        args.namesrv_port,
-        args.broker_port,
-        data_dir,
-    )
+    log.info("tidemq dev: %s, data in %s", _dev_addresses(args.namesrv_port, configs), data_dir)
     try:
-        asyncio.run(_serve(namesrv, BrokerApp(config, clock)))
+        asyncio.run(_serve(namesrv, *(BrokerApp(config, clock) for config in configs)))
     except StoreLockedError as exc:  # another broker owns the store: one line, nothing touched
         print(f"tidemq dev: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _dev_addresses(namesrv_port: int, configs: list[BrokerConfig]) -> str:
+    """ "name server 127.0.0.1:9876, broker 127.0.0.1:10911" (master and slave with --slave)."""
+    words = ["broker"] if len(configs) == 1 else ["master", "slave"]
+    brokers = [
+        f"{word} 127.0.0.1:{config.listen_port}"
+        for word, config in zip(words, configs, strict=True)
+    ]
+    return ", ".join([f"name server 127.0.0.1:{namesrv_port}", *brokers])

@@ -9,12 +9,19 @@ lets a test kill, pause, stop and restart each one on the same ports and store.
 
 Readiness is "the port accepts a connection". A broker's registration with the name servers is
 not awaited here: tests wait for the route they need with `eventually`.
+
+Replicated groups (issue 13): `slaves=n` adds to each group broker-a, broker-b... the slaves
+broker-a-s1 ... broker-a-s<n> (same brokerName, brokerId 1..n, brokerRole SLAVE, their own store
+and ports), listed in `ProcessCluster.slaves` so `brokers` keeps meaning "the masters". Masters
+and slaves share one haSecret; the masters' haListenPort is left at its default, listenPort + 1,
+which free_broker_port() keeps free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import signal
 import socket
 import subprocess
@@ -193,14 +200,25 @@ class ServerProcess:
 class ProcessCluster:
     root: Path
     namesrvs: list[ServerProcess] = field(default_factory=list)
+    # The masters (brokerId 0), broker-a, broker-b, ...
     brokers: list[ServerProcess] = field(default_factory=list)
+    # Every group's slaves, group by group: broker-a-s1, broker-a-s2, broker-b-s1, ...
+    slaves: list[ServerProcess] = field(default_factory=list)
+    # The haSecret masters and slaves were given (None: no replication configured).
+    ha_secret: str | None = None
 
     @property
     def namesrv_addr(self) -> str:
         return ";".join(n.address for n in self.namesrvs)
 
     def all(self) -> list[ServerProcess]:
-        return [*self.namesrvs, *self.brokers]
+        """Every process in start order: name servers, masters, slaves."""
+        return [*self.namesrvs, *self.brokers, *self.slaves]
+
+    def slaves_of(self, master: ServerProcess | str) -> list[ServerProcess]:
+        """The slaves of one group, by its master or its brokerName ("broker-a")."""
+        name = master if isinstance(master, str) else master.name
+        return [s for s in self.slaves if s.name.startswith(f"{name}-s")]
 
 
 def _set_flags(settings: Mapping[str, str]) -> list[str]:
@@ -226,12 +244,22 @@ def _namesrv_process(root: Path, index: int, log_level: str) -> ServerProcess:
     )
 
 
+def group_name(index: int) -> str:
+    """The brokerName of group `index`: broker-a, broker-b, ..."""
+    return f"broker-{chr(ord('a') + index)}"
+
+
 def _broker_process(
-    root: Path, index: int, namesrv_addr: str, settings: Mapping[str, str], log_level: str
+    root: Path,
+    name: str,
+    broker_name: str,
+    namesrv_addr: str,
+    settings: Mapping[str, str],
+    log_level: str,
 ) -> ServerProcess:
-    """Broker `broker-<a, b, ...>` on a free port pair, its store and log under `root`."""
+    """Broker process `name` of group `broker_name` on a free port trio (VIP, listen, HA), its
+    store and log under `root`."""
     port = free_broker_port()
-    name = f"broker-{chr(ord('a') + index)}"
     store = root / name
     return ServerProcess(
         name=name,
@@ -246,13 +274,39 @@ def _broker_process(
             "--data-dir",
             str(store),
             "--broker-name",
-            name,
+            broker_name,
             *_set_flags(settings),
         ],
         port=port,
         log_path=root / "logs" / f"{name}.log",
         store_dir=store,
     )
+
+
+def _group_processes(
+    root: Path,
+    index: int,
+    slaves: int,
+    namesrv_addr: str,
+    settings: Mapping[str, str],
+    slave_settings: Mapping[str, str],
+    log_level: str,
+) -> tuple[ServerProcess, list[ServerProcess]]:
+    """Group `index`'s master and its `slaves` slaves (brokerId 1..slaves)."""
+    name = group_name(index)
+    master = _broker_process(root, name, name, namesrv_addr, settings, log_level)
+    followers = [
+        _broker_process(
+            root,
+            f"{name}-s{broker_id}",
+            name,
+            namesrv_addr,
+            {**settings, "brokerRole": "SLAVE", "brokerId": str(broker_id), **slave_settings},
+            log_level,
+        )
+        for broker_id in range(1, slaves + 1)
+    ]
+    return master, followers
 
 
 @contextlib.asynccontextmanager
@@ -263,19 +317,31 @@ async def process_cluster(
     brokers: int = 1,
     broker_settings: Mapping[str, str] | None = None,
     log_level: str = "INFO",
+    slaves: int = 0,
+    ha_secret: str | None = None,
+    slave_settings: Mapping[str, str] | None = None,
 ) -> AsyncIterator[ProcessCluster]:
-    """Start `namesrvs` name servers and `brokers` brokers (broker-a, broker-b, ...) as processes.
+    """Start `namesrvs` name servers and `brokers` broker groups (broker-a, broker-b, ...) as
+    processes, each group a master and `slaves` slaves.
 
-    `broker_settings` are broker.conf keys given to every broker with `--set`. On exit every
-    process still running is stopped with SIGTERM (SIGKILL if it does not stop in time).
+    `broker_settings` are broker.conf keys given to every broker with `--set` (masters and
+    slaves); `slave_settings` are given to slaves after them (they win). With slaves, or with
+    `ha_secret` given, every broker gets haSecret=`ha_secret` (default: a random one, in
+    `ProcessCluster.ha_secret`). Masters start before slaves. On exit every process still running
+    is stopped with SIGTERM (SIGKILL if it does not stop in time), slaves first.
     """
     cluster = ProcessCluster(root=root)
     cluster.namesrvs.extend(_namesrv_process(root, index, log_level) for index in range(namesrvs))
     settings = {"brokerIP1": "127.0.0.1", **TEST_BROKER_SETTINGS, **(broker_settings or {})}
-    cluster.brokers.extend(
-        _broker_process(root, index, cluster.namesrv_addr, settings, log_level)
-        for index in range(brokers)
-    )
+    if slaves or ha_secret is not None:
+        cluster.ha_secret = ha_secret if ha_secret is not None else secrets.token_hex(16)
+        settings["haSecret"] = cluster.ha_secret
+    for index in range(brokers):
+        master, group_slaves = _group_processes(
+            root, index, slaves, cluster.namesrv_addr, settings, slave_settings or {}, log_level
+        )
+        cluster.brokers.append(master)
+        cluster.slaves.extend(group_slaves)
     try:
         for server in cluster.all():
             await server.start()
