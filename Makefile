@@ -73,10 +73,12 @@ bench-deps: $(BENCH_STAMP)
 			redis-server redis-tools nats-server rabbitmq-server; }
 
 ## bench: TideMQ side by side with Redis, NATS and RabbitMQ (~15 min); appends benchmarks/RESULTS.md;
-## then restart time and memory with 1 GiB segments, empty and 10 GiB stores (~3 min, 10 GiB of disk)
+## then restart time and memory with 1 GiB segments, empty and 10 GiB stores (~3 min, 10 GiB of disk);
+## then replication: SYNC_MASTER against one node and NATS R3, lag, a slave's catch-up (~6 min)
 bench: bench-deps
 	$(PY) benchmarks/run_suite.py --runs $(or $(RUNS),3)
 	$(PY) benchmarks/bench_restart.py --store-gib $(or $(RESTART_GIB),10)
+	$(PY) benchmarks/bench_replication.py all --runs $(or $(RUNS),3)
 
 clean:
 	rm -rf $(VENV) $(JS_DIR)/node_modules .mypy_cache .ruff_cache

@@ -22,6 +22,7 @@ from typing import Any
 from sidebyside.common import Options
 
 CONSUME_BATCH = 256  # messages per fetch for every broker (TideMQ's pull maximum)
+NATS_CLUSTER_READY_S = 30.0  # a fresh NATS cluster elects its JetStream leaders within seconds
 OnBody = Callable[[bytes], None] | None
 
 
@@ -174,6 +175,7 @@ class NatsDriver(Driver):
     name = "nats"
     durability = "JetStream file, R1 (2.9: fsync every 2 min, ack before fsync)"
     batch_note = "no batch API: publish_async, 256 in flight"
+    replicas = 1
 
     async def connect(self) -> None:
         from importlib.metadata import version
@@ -182,7 +184,8 @@ class NatsDriver(Driver):
 
         self.client = f"nats-py {version('nats-py')}"
         self.nc = await nats_client.connect(
-            f"nats://{self.address}", pending_size=256 * 1024 * 1024
+            servers=[f"nats://{address}" for address in self.address.split(",")],
+            pending_size=256 * 1024 * 1024,
         )
         self.js = self.nc.jetstream(publish_async_max_pending=self.options.window)
         self._state.setdefault("stream", "BENCH0")
@@ -196,14 +199,13 @@ class NatsDriver(Driver):
         stream = f"BENCH{self.generation}"
         self._state["stream"] = stream
         self._state["subject"] = f"bench{self.generation}.x"
-        await self.js.add_stream(
-            api.StreamConfig(
-                name=stream,
-                subjects=[self._state["subject"]],
-                storage=api.StorageType.FILE,
-                num_replicas=1,
-            )
+        config = api.StreamConfig(
+            name=stream,
+            subjects=[self._state["subject"]],
+            storage=api.StorageType.FILE,
+            num_replicas=self.replicas,
         )
+        await self._add_stream(config)
         await self.js.add_consumer(
             stream,
             api.ConsumerConfig(
@@ -213,6 +215,22 @@ class NatsDriver(Driver):
                 deliver_policy=api.DeliverPolicy.ALL,
             ),
         )
+
+    async def _add_stream(self, config: Any) -> None:
+        """A cluster elects its JetStream meta leader a moment after its routes connect: until
+        then stream creation fails with "JetStream system temporarily unavailable"."""
+        import nats.errors
+        import nats.js.errors
+
+        deadline = time.monotonic() + NATS_CLUSTER_READY_S
+        while True:
+            try:
+                await self.js.add_stream(config)
+                return
+            except (nats.js.errors.Error, nats.errors.TimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     async def close(self) -> None:
         if not self.attached:
@@ -253,6 +271,16 @@ class NatsDriver(Driver):
             got += len(messages)
         await self.nc.flush()
         return got
+
+
+class NatsR3Driver(NatsDriver):
+    """The replicated peer: a stream with three replicas on a three-node cluster (servers.
+    nats_cluster); the client connects to every node. An ack means two of three nodes stored the
+    message (a Raft quorum); 2.9's file store fsyncs every 2 min, so neither node has synced it."""
+
+    name = "nats-r3"
+    durability = "JetStream file, R3: ack after 2 of 3 stored (no fsync before ack)"
+    replicas = 3
 
 
 # -- RabbitMQ -----------------------------------------------------------------------------------
@@ -443,6 +471,7 @@ DRIVERS: dict[str, type[Driver]] = {
     "redis": RedisDriver,
     "redis-always": RedisAlwaysDriver,
     "nats": NatsDriver,
+    "nats-r3": NatsR3Driver,
     "rabbitmq": RabbitDriver,
     "tidemq": TideDriver,
 }
