@@ -6,8 +6,10 @@ timer; a SYNC_MASTER answers SUCCESS once its slave has a send.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ from tidemq.protocol.headers import (
     CreateTopicRequestHeader,
     DeleteTopicRequestHeader,
     PullMessageResponseHeader,
+    PullSysFlag,
 )
 from tidemq.protocol.headers_query import (
     ConsumerSendMsgBackRequestHeader,
@@ -38,6 +41,9 @@ from tidemq.protocol.message import BatchItem, encode_batch
 
 SECRET = "slave-refusals-secret"
 TIMEOUT_S = 10.0
+SUSPENDED = PullSysFlag.SUBSCRIPTION | PullSysFlag.SUSPEND
+HOLD_MS = 300
+YEAR_MS = 365 * 86_400_000
 
 
 @dataclass
@@ -231,7 +237,8 @@ async def test_the_slave_serves_pulls_offsets_and_suggests_the_master(tmp_path: 
 
 async def test_a_slave_behind_keeps_the_consumers_offset(tmp_path: Path) -> None:
     """An offset the slave does not hold yet (the consumer read it from the master) is neither
-    moved back by a pull nor clamped by a commit: either would deliver those messages again."""
+    moved back by a pull nor clamped by a commit: either would deliver those messages again. The
+    pull answers 19 with the offset kept, and holds like one past the end (no spinning on 20)."""
     async with broker_group(tmp_path, role="ASYNC_MASTER") as group:
         await following(group)
         assert (await group.master.send("TopicAhead", b"0")).code == ResponseCode.SUCCESS
@@ -239,10 +246,21 @@ async def test_a_slave_behind_keeps_the_consumers_offset(tmp_path: Path) -> None
         await eventually(lambda: slave.app.store.max_offset("TopicAhead", 0) == 1, TIMEOUT_S)
         await eventually(lambda: "TopicAhead" in slave.app.topics, TIMEOUT_S)
         pulled = await slave.pull("TopicAhead", offset=10)
-        assert pulled.code == ResponseCode.PULL_RETRY_IMMEDIATELY
+        assert pulled.code == ResponseCode.PULL_NOT_FOUND
         header = PullMessageResponseHeader.from_fields(pulled.ext_fields)
         assert header.next_begin_offset == 10
         assert header.suggest_which_broker_id == 0
+        assert header.max_offset == 1
+        began = time.monotonic()
+        held = await slave.pull("TopicAhead", offset=10, sys_flag=SUSPENDED, suspend_ms=HOLD_MS)
+        assert time.monotonic() - began >= HOLD_MS / 1000 * 0.9  # held to its timeout
+        assert held.code == ResponseCode.PULL_NOT_FOUND
+        assert PullMessageResponseHeader.from_fields(held.ext_fields).next_begin_offset == 10
+        # Queues the slave has no record of yet (no consume queue): the same.
+        for queue_id in (1, 3):
+            empty = await slave.pull("TopicAhead", queue_id=queue_id, offset=5)
+            assert empty.code == ResponseCode.PULL_NOT_FOUND
+            assert PullMessageResponseHeader.from_fields(empty.ext_fields).next_begin_offset == 5
         on_master = await group.master.pull("TopicAhead", offset=10)
         assert on_master.code == ResponseCode.PULL_OFFSET_MOVED  # a master corrects it
         update = UpdateConsumerOffsetRequestHeader(
@@ -259,6 +277,90 @@ async def test_a_slave_behind_keeps_the_consumers_offset(tmp_path: Path) -> None
             RemotingCommand(code=RequestCode.QUERY_CONSUMER_OFFSET, ext_fields=query.to_fields())
         )
         assert queried.ext_fields["offset"] == "10"
+
+
+async def test_a_held_pull_past_the_slaves_end_wakes_at_its_offset(tmp_path: Path) -> None:
+    """A pull at 4 on a slave holding 1 record is not woken by the replicated records 1 to 3
+    (each is skipped by the hold), and is answered as soon as record 4 arrives."""
+    async with broker_group(tmp_path, role="ASYNC_MASTER") as group:
+        await following(group)
+        master, slave = group.master, group.slave
+        assert (await master.send("TopicWake", b"0")).code == ResponseCode.SUCCESS
+        await eventually(lambda: slave.app.store.max_offset("TopicWake", 0) == 1, TIMEOUT_S)
+        await eventually(lambda: "TopicWake" in slave.app.topics, TIMEOUT_S)
+        pull = asyncio.create_task(
+            slave.pull(
+                "TopicWake", offset=4, sys_flag=SUSPENDED, suspend_ms=20_000, timeout_ms=30_000
+            )
+        )
+        hold = slave.app.pull_hold
+        await eventually(lambda: hold.held_count == 1, TIMEOUT_S)
+        for i in (1, 2, 3):
+            assert (await master.send("TopicWake", b"%d" % i)).code == ResponseCode.SUCCESS
+        await eventually(lambda: slave.app.store.max_offset("TopicWake", 0) == 4, TIMEOUT_S)
+        await asyncio.sleep(0.2)  # a wake would have been answered by now
+        assert not pull.done()
+        assert hold.held_count == 1
+        began = time.monotonic()
+        assert (await master.send("TopicWake", b"4")).code == ResponseCode.SUCCESS
+        pulled = await asyncio.wait_for(pull, TIMEOUT_S)
+        assert time.monotonic() - began < 5.0
+        assert pulled.code == ResponseCode.SUCCESS
+        assert [m.body for m in messages(pulled)] == [b"4"]
+        assert hold.held_count == 0
+
+
+async def test_a_slave_moves_an_offset_below_its_min_as_a_master_does(tmp_path: Path) -> None:
+    """Below what retention left on the slave the offset moves up to the slave's min (held at
+    the requested offset, a new group consuming from the first offset would stall forever)."""
+    async with broker_group(tmp_path, role="ASYNC_MASTER") as group:
+        await following(group)
+        master, slave = group.master, group.slave
+        body = b"x" * 8_000  # 40 of them fill five 64 KiB commit-log segments
+        for _ in range(40):
+            assert (await master.send("TopicTrim", body)).code == ResponseCode.SUCCESS
+        store = slave.app.store
+        await eventually(lambda: store.max_offset("TopicTrim", 0) == 40, TIMEOUT_S)
+        await eventually(lambda: "TopicTrim" in slave.app.topics, TIMEOUT_S)
+        # A year from now every segment but the one being written is past its retention.
+        assert store.clean_expired_files(int(time.time() * 1000) + YEAR_MS, force=True) > 0
+        low = store.min_offset("TopicTrim", 0)
+        assert 0 < low < 40
+        began = time.monotonic()
+        pulled = await slave.pull("TopicTrim", offset=0, sys_flag=SUSPENDED, suspend_ms=HOLD_MS)
+        assert time.monotonic() - began < HOLD_MS / 1000  # answered at once, not held
+        assert pulled.code == ResponseCode.PULL_OFFSET_MOVED
+        header = PullMessageResponseHeader.from_fields(pulled.ext_fields)
+        assert (header.next_begin_offset, header.min_offset) == (low, low)
+        assert header.suggest_which_broker_id == 0
+
+
+async def test_a_commit_on_the_slave_survives_its_copies_and_reaches_the_master(
+    tmp_path: Path,
+) -> None:
+    """UPDATE_CONSUMER_OFFSET on a slave is pending: the copies of the master's older table (every
+    100 ms here) keep it, and the slave pushes it to the master."""
+    async with broker_group(tmp_path, role="ASYNC_MASTER") as group:
+        await following(group)
+        master, slave = group.master, group.slave
+        for i in range(5):
+            assert (await master.send("TopicPend", b"%d" % i)).code == ResponseCode.SUCCESS
+        master.app.offsets.commit("CG", "TopicPend", 0, 1)
+        sync = slave.app.replication.sync
+        assert sync is not None
+        await eventually(lambda: slave.app.offsets.query("CG", "TopicPend", 0) == 1, TIMEOUT_S)
+        update = UpdateConsumerOffsetRequestHeader(
+            consumer_group="CG", topic="TopicPend", queue_id=0, commit_offset=4
+        )
+        committed = await slave.call(
+            RemotingCommand(code=RequestCode.UPDATE_CONSUMER_OFFSET, ext_fields=update.to_fields())
+        )
+        assert committed.code == ResponseCode.SUCCESS
+        await eventually(lambda: master.app.offsets.query("CG", "TopicPend", 0) == 4, TIMEOUT_S)
+        rounds = sync.rounds
+        await eventually(lambda: sync.rounds >= rounds + 2, TIMEOUT_S)
+        assert slave.app.offsets.query("CG", "TopicPend", 0) == 4
+        assert slave.app.offsets.pending_count == 0  # settled: the master has it
 
 
 async def test_the_slave_runs_no_master_services(tmp_path: Path) -> None:

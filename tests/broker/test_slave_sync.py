@@ -1,6 +1,7 @@
 """SlaveSync against a real master over loopback: the four tables copied, the measured staleness
 bound (interval + one round trip), a failed copy keeps the last tables with rate-limited lines,
-and the bodies of 45 and 201 in RocketMQ's shapes."""
+the bodies of 45 and 201 in RocketMQ's shapes, and consumer offsets committed on the slave kept
+across the master's copies and pushed to it (broker/offsets.py's merge rule)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ class Copy:
 
 
 @contextlib.asynccontextmanager
-async def slave_tables(root: Path, master_addr: str | None) -> AsyncIterator[Copy]:
+async def slave_tables(
+    root: Path, master_addr: str | None, client: RemotingClient | None = None
+) -> AsyncIterator[Copy]:
     """A slave's four tables (no store traffic) and a SlaveSync copying into them."""
     clock = SystemClock()
     config_dir = root / "config"
@@ -58,7 +61,7 @@ async def slave_tables(root: Path, master_addr: str | None) -> AsyncIterator[Cop
     groups = SubscriptionGroupTable(config_dir, clock, auto_create=True)
     offsets = ConsumerOffsetTable(config_dir)
     schedule = ScheduleService(_unused_store(), (1000,), clock, config_dir)
-    client = RemotingClient(clock=clock)
+    client = client or RemotingClient(clock=clock)
     sync = SlaveSync(
         client, topics, groups, offsets, schedule, clock, interval_ms=INTERVAL_MS, timeout_ms=500
     )
@@ -172,3 +175,103 @@ async def test_delay_and_group_bodies_have_rocketmqs_shapes(broker: Harness) -> 
         "whichBrokerWhenConsumeSlowly": 1,
         "notifyConsumerIdsChangedEnable": True,
     }
+
+
+class FlakyPushes(RemotingClient):
+    """A client whose first `failures` UPDATE_CONSUMER_OFFSET requests fail to connect."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(clock=SystemClock())
+        self.failures = failures
+
+    async def invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: float) -> RemotingCommand:
+        if cmd.code == RequestCode.UPDATE_CONSUMER_OFFSET and self.failures > 0:
+            self.failures -= 1
+            raise OSError("connection refused (test)")
+        return await super().invoke(addr, cmd, timeout_ms)
+
+
+async def fill(broker: Harness, topic: str, counts: dict[int, int]) -> None:
+    for queue_id, count in counts.items():
+        for i in range(count):
+            sent = await broker.send(topic, b"%d" % i, queue_id=queue_id)
+            assert sent.code == ResponseCode.SUCCESS
+
+
+async def test_commits_made_on_the_slave_survive_the_masters_return(tmp_path: Path) -> None:
+    """The slave copied {0:10,1:10}; while the master was down consumers committed
+    {0:50,1:50,2:30} on the slave; the master comes back with its old table: the slave keeps its
+    values (queue 2 included) and the master gets them."""
+    slave_offsets = {0: 50, 1: 50, 2: 30}
+    async with slave_tables(tmp_path / "slave", None) as copy:
+        async with running_broker(tmp_path / "master") as master:
+            await fill(master, "TopicOut", slave_offsets)
+            for queue_id in (0, 1):
+                master.app.offsets.commit("GO", "TopicOut", queue_id, 10)
+            copy.sync.set_master(master.addr)
+            assert await copy.sync.sync_once()
+            assert copy.offsets.offsets("GO", "TopicOut") == {0: 10, 1: 10}
+        for queue_id, offset in slave_offsets.items():  # the master is down
+            copy.offsets.commit("GO", "TopicOut", queue_id, offset, pending=True)
+        assert not await copy.sync.sync_once()
+        assert copy.offsets.pending_count == 3
+        async with running_broker(tmp_path / "master") as master:  # back, same store
+            assert master.app.offsets.offsets("GO", "TopicOut") == {0: 10, 1: 10}
+            copy.sync.set_master(master.addr)
+            assert await copy.sync.sync_once()
+            assert copy.offsets.offsets("GO", "TopicOut") == slave_offsets
+            assert master.app.offsets.offsets("GO", "TopicOut") == slave_offsets  # pushed
+            assert await copy.sync.sync_once()
+            assert copy.offsets.offsets("GO", "TopicOut") == slave_offsets
+            assert copy.offsets.pending_count == 0  # settled: the master has them
+
+
+async def test_the_masters_moves_win_over_pending_commits(tmp_path: Path, broker: Harness) -> None:
+    """A pending value below the master's is settled by it; one the master changed since the
+    last copy (an admin reset) gives way to the master's; neither is pushed."""
+    await fill(broker, "TopicMove", {0: 40, 1: 40})
+    master = broker.app.offsets
+    master.commit("GM", "TopicMove", 0, 10)
+    master.commit("GM", "TopicMove", 1, 10)
+    async with slave_tables(tmp_path, broker.addr) as copy:
+        assert await copy.sync.sync_once()
+        copy.offsets.commit("GM", "TopicMove", 0, 30, pending=True)
+        copy.offsets.commit("GM", "TopicMove", 1, 20, pending=True)
+        master.commit("GM", "TopicMove", 0, 5)  # reset on the master
+        master.commit("GM", "TopicMove", 1, 35)  # consumed further there
+        assert await copy.sync.sync_once()
+        assert copy.offsets.offsets("GM", "TopicMove") == {0: 5, 1: 35}
+        assert copy.offsets.pending_count == 0
+        assert master.offsets("GM", "TopicMove") == {0: 5, 1: 35}
+
+
+async def test_a_failed_push_goes_again_next_round_with_one_log_line(
+    tmp_path: Path, broker: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    await fill(broker, "TopicPush", {0: 40})
+    broker.app.offsets.commit("GP", "TopicPush", 0, 10)
+    client = FlakyPushes(failures=3)
+    async with slave_tables(tmp_path, broker.addr, client) as copy:
+        assert await copy.sync.sync_once()
+        copy.offsets.commit("GP", "TopicPush", 0, 40, pending=True)
+        with caplog.at_level(logging.WARNING, logger="tidemq.broker.slave_sync"):
+            for _ in range(3):
+                assert await copy.sync.sync_once()  # the tables are copied; the push fails
+                assert broker.app.offsets.query("GP", "TopicPush", 0) == 10
+                assert copy.offsets.query("GP", "TopicPush", 0) == 40
+        lines = [r.getMessage() for r in caplog.records if r.name == "tidemq.broker.slave_sync"]
+        assert len(lines) == 1, lines
+        assert "pushing 1 of 1 consumer offsets" in lines[0]
+        assert await copy.sync.sync_once()
+        assert broker.app.offsets.query("GP", "TopicPush", 0) == 40
+        assert await copy.sync.sync_once()
+        assert copy.offsets.pending_count == 0
+
+
+async def test_a_push_the_master_refuses_is_dropped(tmp_path: Path, broker: Harness) -> None:
+    async with slave_tables(tmp_path, broker.addr) as copy:
+        copy.offsets.commit("GR", "TopicNowhere", 0, 7, pending=True)
+        assert await copy.sync.sync_once()  # TOPIC_NOT_EXIST on the master
+        assert copy.offsets.pending_count == 0
+        assert copy.offsets.query("GR", "TopicNowhere", 0) == 7  # only the slave has the pair
+        assert broker.app.offsets.query("GR", "TopicNowhere", 0) is None

@@ -12,12 +12,31 @@ accepts too: consumers then see those messages again (at-least-once).
 
 Negative commits are ignored: ali-ons commits -1 for queues it has made no progress on, and storing
 that would rewind the group (Java stores it blindly).
+
+On a slave the table is its master's copy (slave_sync.py, GET_ALL_CONSUMER_OFFSET every
+slaveSyncIntervalMs), but consumers also commit on the slave while the master is away, and those
+commits must survive the master's return. So the copy is merged per queue id, not per
+topic@group, and the slave remembers what was committed on it and not yet seen on the master
+(`pending`). For each pending value p of a queue, with m the master's value in this copy and l
+the master's value at the previous copy (or what this slave last pushed to it):
+
+    m >= p                          p is settled: take m, drop p
+    m < p (or none), m == l         the master has not moved: keep p, push it to the master
+      or no previous copy           (UPDATE_CONSUMER_OFFSET; a failed push goes again next copy)
+    m != l, m < p (or m gone)       the master moved it (an admin reset, a consumer committing
+                                    there): take m, drop p
+
+Queues without a pending value take the master's value; one the master lacks is dropped from
+that topic@group, while topic@group pairs only the slave has are kept whole (RocketMQ's putAll).
+Pending values live in memory only: a slave restarted during an outage forgets them and its
+consumers see again what they consumed since their last copy (at-least-once).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -62,6 +81,24 @@ def decode_offsets(data: bytes) -> dict[str, dict[int, int]]:
         raise ProtocolError(f"not a consumer offset table: {exc}") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetPush:
+    """A slave's pending commit to send to its master (UPDATE_CONSUMER_OFFSET)."""
+
+    topic: str
+    group: str
+    queue_id: int
+    offset: int
+
+
+@dataclass(slots=True)
+class OffsetCopy:
+    """What one copy of the master's table did: topic@group pairs changed, pushes due."""
+
+    changed: int = 0
+    pushes: list[OffsetPush] = field(default_factory=list)
+
+
 class ConsumerOffsetTable:
     """In-memory table with explicit `persist()`; a `dirty` flag says whether a write is due."""
 
@@ -69,6 +106,10 @@ class ConsumerOffsetTable:
         self._path = config_dir / OFFSETS_FILE
         self._writer = ConfigWriter(self._path)
         self._table: dict[str, dict[int, int]] = {}
+        # A slave's bookkeeping for merging the master's copies (module doc): commits made here
+        # not yet seen on the master, and the master's values as last copied (or pushed).
+        self._pending: dict[str, dict[int, int]] = {}
+        self._copied: dict[str, dict[int, int]] = {}
         self.dirty = False
 
     @property
@@ -87,23 +128,74 @@ class ConsumerOffsetTable:
         self.dirty = False
         log.info("loaded offsets of %d topic@group pairs from %s", len(table), self._path)
 
-    def copy_from_master(self, data: bytes) -> int:
-        """A slave: take the master's offsets (GET_ALL_CONSUMER_OFFSET's body). Each topic@group
-        the master has replaces the slave's; one only the slave has is kept (RocketMQ's putAll:
-        commits made here while the master was away survive until the master has that pair).
-        Returns how many pairs changed.
+    def copy_from_master(self, data: bytes) -> OffsetCopy:
+        """A slave: merge the master's offsets (GET_ALL_CONSUMER_OFFSET's body) per queue id,
+        keeping what was committed here and not yet on the master (the module doc's rule).
 
         Raises:
             ProtocolError: `data` is not a consumer offset table (nothing changes).
         """
-        changed = 0
-        for key, queues in decode_offsets(data).items():
-            if self._table.get(key) != queues:
-                self._table[key] = queues
-                changed += 1
-        if changed:
+        master = decode_offsets(data)
+        copy = OffsetCopy()
+        for key in master.keys() | self._pending.keys():
+            merged = self._merge(key, master.get(key), copy.pushes)
+            if merged is None or self._table.get(key, {}) == merged:
+                continue
+            if merged:
+                self._table[key] = merged
+            else:
+                self._table.pop(key, None)
+            copy.changed += 1
+        self._copied = master
+        if copy.changed:
             self.dirty = True
-        return changed
+        return copy
+
+    def _merge(
+        self, key: str, master: dict[int, int] | None, pushes: list[OffsetPush]
+    ) -> dict[int, int] | None:
+        """`key`'s queues after a copy (None: keep the slave's entry as it is); appends the
+        pending values to push."""
+        pending = self._pending.get(key, {})
+        if master is None and not pending:
+            return None  # only the slave has it (putAll)
+        merged = dict(master) if master is not None else dict(self._table.get(key, {}))
+        last = self._copied.get(key, {})
+        topic, group = split_key(key)
+        for queue_id, wanted in list(pending.items()):
+            now = master.get(queue_id) if master is not None else None
+            if now is not None and now >= wanted:
+                del pending[queue_id]  # settled: the master has it (or more)
+            elif queue_id not in last or last[queue_id] == now:
+                merged[queue_id] = wanted  # the master has not moved: it gets ours
+                pushes.append(OffsetPush(topic, group, queue_id, wanted))
+            else:
+                del pending[queue_id]  # the master moved it (a reset): its value wins
+                if now is None:
+                    merged.pop(queue_id, None)
+        if not pending:
+            self._pending.pop(key, None)
+        return merged
+
+    def pushed(self, push: OffsetPush) -> None:
+        """The master stored `push` (it answered SUCCESS): its value as far as this slave knows,
+        so the next copy does not take it for a reset."""
+        self._copied.setdefault(table_key(push.topic, push.group), {})[push.queue_id] = push.offset
+
+    def push_refused(self, push: OffsetPush) -> None:
+        """The master refused `push` for good (no such topic or queue there): stop sending it;
+        the next copy takes the master's value."""
+        key = table_key(push.topic, push.group)
+        pending = self._pending.get(key)
+        if pending is not None and pending.get(push.queue_id) == push.offset:
+            del pending[push.queue_id]
+            if not pending:
+                del self._pending[key]
+
+    @property
+    def pending_count(self) -> int:
+        """Commits made on this slave that its master has not confirmed yet."""
+        return sum(len(queues) for queues in self._pending.values())
 
     def _snapshot(self) -> bytes:
         doc = {
@@ -127,15 +219,23 @@ class ConsumerOffsetTable:
         self._writer.submit(self._snapshot())
         return True
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
-        """Store `offset` as the group's next offset for the queue. Negative offsets are ignored."""
+    def commit(
+        self, group: str, topic: str, queue_id: int, offset: int, *, pending: bool = False
+    ) -> bool:
+        """Store `offset` as the group's next offset for the queue. Negative offsets are ignored.
+
+        `pending`: a consumer's commit on a slave, kept across the master's copies until the
+        master has it (module doc)."""
         if offset < 0 or queue_id < 0:
             log.debug("ignoring offset %d for %s@%s queue %d", offset, topic, group, queue_id)
             return False
-        queues = self._table.setdefault(table_key(topic, group), {})
+        key = table_key(topic, group)
+        queues = self._table.setdefault(key, {})
         if queues.get(queue_id) != offset:
             queues[queue_id] = offset
             self.dirty = True
+        if pending:
+            self._pending.setdefault(key, {})[queue_id] = offset
         return True
 
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
@@ -155,13 +255,16 @@ class ConsumerOffsetTable:
 
     def remove_topic(self, topic: str) -> None:
         for key in [k for k in self._table if split_key(k)[0] == topic]:
-            del self._table[key]
-            self.dirty = True
+            self._remove(key)
 
     def remove_group(self, group: str) -> None:
         for key in [k for k in self._table if split_key(k)[1] == group]:
-            del self._table[key]
-            self.dirty = True
+            self._remove(key)
+
+    def _remove(self, key: str) -> None:
+        del self._table[key]
+        self._pending.pop(key, None)
+        self.dirty = True
 
     def items(self) -> Iterator[tuple[str, dict[int, int]]]:
         for key, queues in self._table.items():

@@ -8,7 +8,9 @@ consumeFromWhere. Every message counts as "in memory" here (Java also requires t
 Commits are checked at this edge (names validated, the topic must exist, queueId below its queue
 count) and the offset is clamped to the queue's [min, max]: the table is persisted and read back
 by every consumer of the group, so one bad client must not be able to grow it or rewind others
-past the log's start or beyond its end.
+past the log's start or beyond its end. On a slave the end is not clamped (the slave may lag
+what the consumer read from the master) and the commit is remembered as pending: the slave's
+next copies of its master's offsets keep it and push it to the master (broker/offsets.py).
 """
 
 from __future__ import annotations
@@ -48,15 +50,16 @@ def commit_clamped(
 ) -> bool:
     """Commit `offset` clamped to the queue's [min, max] (names and queue id already checked).
 
-    `lagging`: the store is a slave's copy, which may not hold yet what the consumer read from
-    the master, so an offset past its end is kept as it is (clamping it would deliver those
-    messages again)."""
+    `lagging`: a consumer's commit on a slave. The store is a copy, which may not hold yet what
+    the consumer read from the master, so an offset past its end is kept as it is (clamping it
+    would deliver those messages again); and the commit is pending until the master has it
+    (broker/offsets.py: the slave's copies of the master's table keep it and push it there)."""
     if offset < 0:
         return offsets.commit(group, topic, queue_id, offset)  # ignored there, and logged
     offset = max(offset, store.min_offset(topic, queue_id))
     if not lagging:
         offset = min(offset, store.max_offset(topic, queue_id))
-    return offsets.commit(group, topic, queue_id, offset)
+    return offsets.commit(group, topic, queue_id, offset, pending=lagging)
 
 
 class OffsetHandlers:

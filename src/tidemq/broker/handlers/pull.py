@@ -17,10 +17,18 @@ Store status → response code (§4.2 table):
     OFFSET_TOO_SMALL, OFFSET_OVERFLOW_BADLY      21  PULL_OFFSET_MOVED
     OFFSET_OVERFLOW_ONE                          19  PULL_NOT_FOUND (long-poll candidate)
     NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING     20  PULL_RETRY_IMMEDIATELY
-    on a slave, any 21 of the above              20  with nextBeginOffset = the requested offset:
-                                                     the slave lags its master, the consumer's
-                                                     offset is not wrong (RocketMQ's
-                                                     offsetCheckInSlave=false)
+    on a slave: OFFSET_OVERFLOW_BADLY, and       19  with nextBeginOffset = the requested offset,
+      NO_MATCHED_LOGIC_QUEUE / NO_MESSAGE_IN_         held like OFFSET_OVERFLOW_ONE: the slave
+      QUEUE with queueOffset != 0                     lags its master, the consumer's offset is
+                                                      not wrong (RocketMQ's offsetCheckInSlave=
+                                                      false); the replicated records wake it
+    on a slave: OFFSET_TOO_SMALL                 21  as on a master (retention removed those)
+
+Why 19 and not 20 for a slave that lags: official clients and PullConsumer pull again at once on
+20, so with nextBeginOffset unchanged a consumer would spin against a slave whose master is down
+(nothing arrives). 19 with SUSPEND is held (pull_hold.py), and the hold is woken only by a record
+at or after the requested offset (records before it are skipped by one comparison each), so a
+consumer at 1000 on a slave at 900 gets one answer when record 1000 arrives or at its timeout.
 
 Every response, errors included, carries the four header fields (suggestWhichBrokerId,
 nextBeginOffset, minOffset, maxOffset) as strings: C++ raises and ali-ons throws without them.
@@ -89,6 +97,14 @@ _STATUS_CODES: Final[dict[GetStatus, ResponseCode | None]] = {
     GetStatus.MESSAGE_WAS_REMOVING: _RETRY,
 }
 assert set(_STATUS_CODES) == set(GetStatus)
+# A slave's 21s that mean "past what this slave holds yet" (answered 19 and held there).
+_AHEAD_OF_SLAVE: Final = frozenset(
+    {
+        GetStatus.OFFSET_OVERFLOW_BADLY,
+        GetStatus.NO_MESSAGE_IN_QUEUE,
+        GetStatus.NO_MATCHED_LOGIC_QUEUE,
+    }
+)
 
 
 def pull_response_code(status: GetStatus, requested_offset: int) -> ResponseCode:
@@ -273,11 +289,12 @@ class PullHandler:
             message_filter=predicate.matches_record if predicate is not None else None,
         )
         code = pull_response_code(result.status, header.queue_offset)
-        if code == _MOVED and self._config.is_slave:
+        if code == _MOVED and self._config.is_slave and result.status in _AHEAD_OF_SLAVE:
             # A slave may only lag its master: an offset it does not hold yet is no reason to
             # move the consumer (RocketMQ's nextOffsetCorrection, offsetCheckInSlave=false). It
-            # keeps the offset and is told to retry, at the master (suggestWhichBrokerId).
-            code = _RETRY
+            # keeps the offset and waits for it like one past the end (held by `handle`); the
+            # answer suggests the master. Below the slave's min it moves, as a master would.
+            code = _NOT_FOUND
             result = dataclasses.replace(result, next_begin_offset=header.queue_offset)
         return _Evaluation(code, result)
 
