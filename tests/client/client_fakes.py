@@ -47,6 +47,9 @@ class FakeBroker:
     broker_id: int = 0
     # The port it listened on first: a restart (FakeCluster.restart) listens there again.
     port: int = 0
+    # Request codes whose next request is recorded and then not answered: its connection is
+    # closed instead (one transport error; the broker itself stays up).
+    drop_next: set[int] = field(default_factory=set)
 
     @property
     def addr(self) -> str:
@@ -58,6 +61,10 @@ class FakeBroker:
 
     async def handle(self, connection: Connection, request: RemotingCommand) -> RemotingCommand:
         self.requests.append(request)
+        if request.code in self.drop_next:
+            self.drop_next.discard(request.code)
+            connection.abort()
+            return request.response(ResponseCode.SYSTEM_ERROR, remark="never delivered")
         if request.code in self.stalled:
             await self.release.wait()
         reply = self.replies.get(request.code)

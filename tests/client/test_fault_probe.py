@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tidemq.client.fault import PROBE_INTERVAL_MS, FaultTracker
 from tidemq.client.fault_probe import BrokerProber
-from tidemq.clock import SystemClock
+from tidemq.clock import FakeClock, SystemClock
 from tidemq.errors import ConnectionClosedError
 from tidemq.testing import eventually
 
@@ -59,3 +61,24 @@ async def test_prober_readmits_once_the_broker_answers_and_then_stops():
     await eventually(lambda: faults.is_available("a", SystemClock().monotonic_ms()), 5.0)
     assert prober.readmitted == 1
     await prober.stop()
+
+
+@pytest.mark.parametrize(("charge_latency", "readmitted"), [(True, False), (False, True)])
+async def test_a_slow_probe_answer_is_charged_only_where_latency_counts(
+    charge_latency: bool, readmitted: bool
+) -> None:
+    """The send path charges a probe's 700 ms (skipped 30 s); the read path does not."""
+    clock = FakeClock()
+
+    async def probe(broker_name: str, timeout_ms: float) -> None:
+        clock.advance(700)
+
+    faults = FaultTracker(on_failure=lambda name: prober.wake(name))
+    prober = BrokerProber(faults, probe, clock, charge_latency=charge_latency)
+    faults.record("a", 0.0, clock.monotonic_ms(), failed=True)
+    clock.advance(PROBE_INTERVAL_MS)
+    try:
+        await eventually(lambda: faults.next_probe_in_ms(clock.monotonic_ms()) is None, 2.0)
+    finally:
+        await prober.stop()
+    assert faults.is_available("a", clock.monotonic_ms()) is readmitted

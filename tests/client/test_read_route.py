@@ -7,22 +7,36 @@ messages (what replication would give them).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 from client_fakes import FakeCluster, QueueBroker, until
 
-from tidemq.client import api
+from tidemq.client import api, slave_offsets
 from tidemq.client import consumer as consumer_module
 from tidemq.client.admin import Admin
+from tidemq.client.assignment import OwnedQueue, release_queues
 from tidemq.client.consumer import PushConsumer
 from tidemq.client.fault import PROBE_INTERVAL_MS
 from tidemq.client.instance import ClientInstance
 from tidemq.client.message import ConsumeFromWhere, Message, MessageExt
+from tidemq.client.offset_store import OffsetTable
+from tidemq.client.process_queue import ProcessQueue
 from tidemq.client.producer import Producer
 from tidemq.client.pull_consumer import PullConsumer
-from tidemq.client.read_route import PullSuggestions, choose_read, read_order
-from tidemq.protocol.bodies import MessageQueue, TopicOffset, TopicStatsTable
+from tidemq.client.read_route import PullSuggestions, ReadRouter, choose_read, read_order
+from tidemq.client.route_cache import RouteCache
+from tidemq.clock import FakeClock
+from tidemq.errors import ConnectionClosedError
+from tidemq.protocol.bodies import (
+    BrokerData,
+    MessageQueue,
+    QueueData,
+    TopicOffset,
+    TopicRouteData,
+    TopicStatsTable,
+)
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.headers import PullSysFlag
 
@@ -273,3 +287,162 @@ async def test_a_master_dropped_from_the_route_is_read_again_once_it_answers(
         await pc.pull(MQ, "*", 0, 1)
     assert len(master.of_code(RequestCode.PULL_MESSAGE)) == 1
     assert master.of_code(RequestCode.HEART_BEAT)
+
+
+# -- offset commits go to the master while the route lists it --------------------------------
+
+
+def update_offsets(broker: QueueBroker) -> list[int]:
+    """The commitOffset of every UPDATE_CONSUMER_OFFSET `broker` received, in order."""
+    return [
+        int(r.ext_fields["commitOffset"])
+        for r in broker.of_code(RequestCode.UPDATE_CONSUMER_OFFSET)
+    ]
+
+
+async def test_a_commit_goes_to_a_master_that_just_failed_a_pull(group: FakeCluster) -> None:
+    master, slave = pair(group)
+    put_both(group, b"m0")
+    async with PullConsumer("CG", group.namesrv_addr) as pc:
+        await pc.fetch_subscribe_message_queues("TopicA")
+        master.drop_next.add(RequestCode.PULL_MESSAGE)  # one transport error, the master is fine
+        with pytest.raises(ConnectionClosedError):
+            await pc.pull(MQ, "*", 0, 1)
+        assert pc.instance.reads.target("broker-a").is_slave  # reads avoid it for a while
+        stored = await pc.update_consumer_offset(MQ, 1)  # the commit does not
+        assert master.offsets.get(KEY) == 1
+        assert stored is True
+        assert pc.offsets_on_slave == {}
+        assert pc.instance.reads.target("broker-a").broker_id == 0  # it answered: readmitted
+    assert master.offsets[KEY] == 1
+    assert not slave.of_code(RequestCode.UPDATE_CONSUMER_OFFSET)
+
+
+async def test_a_commit_only_a_slave_took_is_sent_to_the_master_until_it_takes_it(
+    group: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slave_offsets, "RESEND_INTERVAL_MS", 50)
+    master, slave = pair(group)
+    async with PullConsumer("CG", group.namesrv_addr) as pc:
+        await pc.fetch_subscribe_message_queues("TopicA")
+        master.drop_next.add(RequestCode.UPDATE_CONSUMER_OFFSET)
+        assert await pc.update_consumer_offset(MQ, 3) is False  # the master's request failed
+        assert slave.offsets[KEY] == 3
+        assert pc.offsets_on_slave == {MQ: 3}
+        await until(lambda: master.offsets.get(KEY) == 3)
+        assert pc.offsets_on_slave == {}
+        # A later commit replaces a pending one: the older value never follows it.
+        master.drop_next.add(RequestCode.UPDATE_CONSUMER_OFFSET)
+        assert await pc.update_consumer_offset(MQ, 5) is False
+        assert await pc.update_consumer_offset(MQ, 6) is True
+        assert pc.offsets_on_slave == {}
+        await asyncio.sleep(0.2)
+    assert master.offsets[KEY] == 6
+    assert update_offsets(master) == [3, 3, 5, 6]  # dropped 3, re-sent 3, dropped 5, 6
+
+
+async def test_pull_consumer_shutdown_tries_the_master_for_what_a_slave_took(
+    group: FakeCluster,
+) -> None:
+    master, slave = pair(group)
+    async with PullConsumer("CG", group.namesrv_addr) as pc:
+        await pc.fetch_subscribe_message_queues("TopicA")
+        master.drop_next.add(RequestCode.UPDATE_CONSUMER_OFFSET)
+        assert await pc.update_consumer_offset(MQ, 4) is False
+    # Shut down before the first re-send (1 s): the shutdown sent it.
+    assert master.offsets[KEY] == 4
+    assert slave.offsets[KEY] == 4
+
+
+async def test_giving_a_queue_up_tries_the_master_again_after_its_commit_failed(
+    group: FakeCluster,
+) -> None:
+    master, slave = pair(group)
+    instance = ClientInstance(group.namesrv_addr)
+    await instance.start()
+    try:
+        await instance.route("TopicA")
+        offsets = OffsetTable()
+        offsets.update(MQ, 7)
+        master.drop_next.add(RequestCode.UPDATE_CONSUMER_OFFSET)
+        owned = [OwnedQueue(MQ, ProcessQueue(), 7)]
+        await release_queues(instance, "CG", owned, offsets, clustering=True, orderly=False)
+    finally:
+        await instance.shutdown()
+    assert slave.offsets[KEY] == 7  # where the first commit landed
+    assert master.offsets[KEY] == 7  # the second try
+    assert offsets.get(MQ) is None
+
+
+async def test_push_consumer_shutdown_commit_reaches_the_master_after_one_failure(
+    group: FakeCluster,
+) -> None:
+    master, _ = pair(group)
+    put_both(group, b"m0", b"m1")
+    got: list[bytes] = []
+    c = PushConsumer(
+        "CG",
+        group.namesrv_addr,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        rebalance_interval_ms=60_000,
+        persist_interval_ms=60_000,  # only the shutdown commits
+    )
+    c.subscribe("TopicA", "*")
+    c.register_listener(lambda messages: got.extend(m.body for m in messages))
+    await c.start()
+    try:
+        await until(lambda: len(got) == 2)
+        master.drop_next.add(RequestCode.UPDATE_CONSUMER_OFFSET)
+    finally:
+        await c.shutdown()
+    assert master.offsets[KEY] == 2
+
+
+# -- probes of a master that reads skip ----------------------------------------------------
+
+
+def broker_a_routes() -> RouteCache:
+    routes = RouteCache()
+    route = TopicRouteData(
+        queue_datas=[QueueData("broker-a", 1, 1, 6)],
+        broker_datas=[BrokerData("C", "broker-a", {0: "master:1", 1: "slave:1"})],
+    )
+    routes.put("TopicA", route, 0.0)
+    return routes
+
+
+async def test_a_master_answering_its_probe_slowly_is_read_from_again() -> None:
+    clock = FakeClock()
+    probed: list[str] = []
+
+    async def probe(addr: str, timeout_ms: float) -> None:
+        probed.append(addr)
+        clock.advance(700)  # answers, in 700 ms (a send would be skipped 30 s for that)
+
+    router = ReadRouter(broker_a_routes(), clock, probe)
+    try:
+        router.record(router.target("broker-a"), failed=True)
+        assert router.target("broker-a").is_slave
+        clock.advance(PROBE_INTERVAL_MS)
+        await until(lambda: router.target("broker-a").broker_id == 0, 2.0)
+    finally:
+        await router.stop()
+    assert probed == ["master:1"]
+
+
+async def test_routes_are_refreshed_until_they_list_a_returning_master(
+    group: FakeCluster,
+) -> None:
+    master, slave = pair(group)
+    async with PullConsumer("CG", group.namesrv_addr) as pc:
+        await pc.fetch_subscribe_message_queues("TopicA")
+        drop_master_from_route(group)
+        await pc.instance.fetch_route("TopicA")  # the master is watched (probed)
+        asked = len(group.route_requests)
+        # The probe finds it answering; the refresh that follows asks a name server that has
+        # not heard of it yet.
+        await until(lambda: len(group.route_requests) > asked, 5.0)
+        assert pc.instance.reads.target("broker-a").is_slave
+        group.add_topic("TopicA", queues=1, brokers=[master, slave])  # now it has
+        await until(lambda: pc.instance.reads.target("broker-a").broker_id == 0, 5.0)
+    assert len(group.route_requests) >= asked + 2

@@ -12,15 +12,21 @@ from pathlib import Path
 import pytest
 
 from tidemq.broker.app import BrokerApp
+from tidemq.client import api
 from tidemq.client.admin import Admin
 from tidemq.client.consumer import PushConsumer
 from tidemq.client.instance import ClientInstance
 from tidemq.client.message import ConsumeFromWhere, Message, MessageExt
 from tidemq.client.producer import Producer
+from tidemq.client.pull_consumer import PullConsumer
+from tidemq.errors import RequestTimeoutError
+from tidemq.protocol.bodies import TopicConfigSerializeWrapper
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
+    GetMaxOffsetRequestHeader,
     OffsetResponseHeader,
+    PullSysFlag,
     QueryConsumerOffsetRequestHeader,
     UpdateConsumerOffsetRequestHeader,
 )
@@ -147,3 +153,72 @@ async def test_push_consumer_reads_and_commits_on_the_slave_while_the_master_is_
     wanted = {(q, o) for q in range(QUEUES) for o in range(MIDDLE, PER_QUEUE)}
     assert set(second) == wanted
     assert len(second) == len(wanted)
+
+
+async def queue_offset(admin: Admin, broker: BrokerApp, queue_id: int) -> int:
+    """The group's offset of one queue as `broker` holds it (-1: none)."""
+    cmd = offset_command(RequestCode.QUERY_CONSUMER_OFFSET, queue_id)
+    response = await admin.instance.remoting.invoke(broker.address, cmd, 3_000)
+    if response.code != ResponseCode.SUCCESS:
+        return -1
+    return OffsetResponseHeader.from_fields(response.ext_fields).offset
+
+
+async def test_a_pull_consumer_commit_after_one_timeout_is_stored_on_the_master(
+    cluster: LocalCluster,
+) -> None:
+    """A pull that times out (the master is healthy, the client gave up first) makes reads
+    skip the master for a while; the commit that follows still goes to the master, so the
+    slave's copy of the master's offsets confirms it rather than replacing it."""
+    master, slave = cluster.brokers[0], cluster.slaves[0][0]
+    async with Admin(cluster.namesrv_addr) as admin:
+        await admin.create_topic(
+            TOPIC, broker_addr=master.address, read_queue_nums=1, write_queue_nums=1
+        )
+        async with Producer("ReplicaProducer", cluster.namesrv_addr) as producer:
+            for i in range(5):
+                await producer.send(Message(TOPIC, f"m{i}".encode()))
+        async with PullConsumer(GROUP, cluster.namesrv_addr) as pc:
+            (mq,) = await pc.fetch_subscribe_message_queues(TOPIC)
+
+            async def slave_has_them() -> bool:
+                header = GetMaxOffsetRequestHeader(topic=TOPIC, queue_id=0)
+                cmd = RemotingCommand(
+                    code=RequestCode.GET_MAX_OFFSET, ext_fields=header.to_fields()
+                )
+                response = await admin.instance.remoting.invoke(slave.address, cmd, 3_000)
+                topics = RemotingCommand(code=RequestCode.GET_ALL_TOPIC_CONFIG)
+                known = await admin.instance.remoting.invoke(slave.address, topics, 3_000)
+                return (
+                    response.code == ResponseCode.SUCCESS
+                    and OffsetResponseHeader.from_fields(response.ext_fields).offset == 5
+                    and known.code == ResponseCode.SUCCESS
+                    and TOPIC
+                    in TopicConfigSerializeWrapper.from_json(known.body).topic_config_table
+                )
+
+            # The slave has the messages and the topic's config (its metadata copy: ~1 s).
+            await eventually_async(slave_has_them, 10.0, what="the slave serves the topic")
+            with pytest.raises(RequestTimeoutError):  # held 2 s by the master, given up at 0.1
+                await api.pull(
+                    pc.instance,
+                    mq,
+                    group=GROUP,
+                    expression="*",
+                    offset=5,
+                    max_nums=1,
+                    sys_flag=int(PullSysFlag.SUSPEND | PullSysFlag.SUBSCRIPTION),
+                    suspend_ms=2_000,
+                    timeout_ms=100,
+                )
+            assert pc.instance.reads.target(mq.broker_name).is_slave
+            stored = await pc.update_consumer_offset(mq, 3)
+            assert await queue_offset(admin, master, 0) == 3  # at once, not via the slave
+            assert stored is True
+            assert pc.offsets_on_slave == {}
+
+        async def slave_agrees() -> bool:
+            return await queue_offset(admin, slave, 0) == 3
+
+        await eventually_async(slave_agrees, 10.0, what="the slave copied the master's offset")
+        assert await queue_offset(admin, master, 0) == 3

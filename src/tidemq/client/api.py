@@ -145,19 +145,78 @@ async def query_consumer_offset(instance: ClientInstance, group: str, mq: Messag
     return OffsetResponseHeader.from_fields(response.ext_fields).offset
 
 
-async def update_consumer_offset(
-    instance: ClientInstance, group: str, mq: MessageQueue, offset: int
-) -> BrokerTarget:
-    """Store the group's next offset for `mq` in its group's master, else in a slave (which
-    keeps it until the master's copy replaces it: commit there again once the master is
-    back); returns the broker it was stored in."""
+def _offset_update(group: str, mq: MessageQueue, offset: int) -> RemotingCommand:
     header = UpdateConsumerOffsetRequestHeader(
         consumer_group=group, topic=mq.topic, queue_id=mq.queue_id, commit_offset=offset
     )
-    cmd = RemotingCommand(code=RequestCode.UPDATE_CONSUMER_OFFSET, ext_fields=header.to_fields())
-    target = instance.reads.target(mq.broker_name)
-    _checked(await invoke_read(instance, target, cmd))
+    return RemotingCommand(code=RequestCode.UPDATE_CONSUMER_OFFSET, ext_fields=header.to_fields())
+
+
+async def update_consumer_offset(
+    instance: ClientInstance, group: str, mq: MessageQueue, offset: int
+) -> BrokerTarget:
+    """Store the group's next offset for `mq` in its group's master whenever the route lists
+    one, whatever the read fault tracker says; in a slave only if that request fails at the
+    transport or the route lists no master (read_route.py, `ReadRouter.commit_target`). A
+    slave keeps it only until its copy of the master's offsets replaces it: commit there again
+    once the master is back. Returns the broker that stored it.
+
+    Raises:
+        ClientError: no broker of the group answered (the master's failure if none other).
+        BrokerError: the broker answered with an error code.
+    """
+    target = instance.reads.commit_target(mq.broker_name)
+    try:
+        _checked(await invoke_read(instance, target, _offset_update(group, mq, offset)))
+    except ClientClosedError:
+        raise
+    except ClientError as exc:
+        fallback = instance.reads.fallback(target)
+        if fallback is None:
+            raise
+        logger.info(
+            "%s: commit %s=%d: %s failed (%s), storing it in %s",
+            group,
+            mq,
+            offset,
+            target.addr,
+            exc,
+            fallback.addr,
+        )
+        _checked(await invoke_read(instance, fallback, _offset_update(group, mq, offset)))
+        return fallback
     return target
+
+
+async def commit_on_master(
+    instance: ClientInstance,
+    group: str,
+    mq: MessageQueue,
+    offset: int,
+    timeout_ms: float | None = None,
+) -> bool:
+    """Store the group's next offset for `mq` in its group's master only (an offset a slave
+    took must reach it): whether the master stored it. False when the route lists no master or
+    the master did not answer.
+
+    Raises:
+        BrokerError: the master answered with an error code.
+    """
+    addr = instance.routes.master_address(mq.broker_name)
+    if addr is None:
+        return False
+    target = BrokerTarget(mq.broker_name, MASTER_ID, addr)
+    try:
+        response = await invoke_read(
+            instance, target, _offset_update(group, mq, offset), timeout_ms
+        )
+    except ClientClosedError:
+        raise
+    except ClientError as exc:
+        logger.debug("%s: commit %s=%d on %s: %s", group, mq, offset, addr, exc)
+        return False
+    _checked(response)
+    return True
 
 
 async def _offset_request(instance: ClientInstance, mq: MessageQueue, cmd: RemotingCommand) -> int:

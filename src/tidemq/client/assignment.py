@@ -12,7 +12,8 @@ every queue of a rebalance round together, in three steps:
                  batch already with the listener is waited for (ORDERLY_RELEASE_WAIT_MS at
                  most), as upstream waits for its consume lock; its result then counts
     2. commit    send every released queue's offset (the lowest unfinished message) at once:
-                 one round trip for the lot, not one per queue
+                 one round trip for the lot, not one per queue; one that failed or landed on
+                 a slave is tried once more on the master (no later round sends it again)
     3. release   forget the offsets; orderly: UNLOCK_BATCH_MQ, so the new owner may lock,
                  except for a queue whose listener call is still running: its broker lock is
                  left to expire, so the new owner never consumes it alongside that call
@@ -59,6 +60,10 @@ logger = logging.getLogger(__name__)
 # retries at the next rebalance (20 s); one round here waits longer instead of coming back.
 # Past it the broker lock is not released but left to expire (60 s, broker side).
 ORDERLY_RELEASE_WAIT_MS: Final = 5_000
+# A last commit (a queue given up, shutdown) that failed or landed on a slave is tried once more
+# on the master with this deadline: a healthy master answers a commit in milliseconds, and one
+# that is down should not hold a rebalance round or a shutdown for a full request timeout.
+LAST_COMMIT_MASTER_TIMEOUT_MS: Final = 1_000
 
 
 @dataclass(slots=True)
@@ -169,6 +174,40 @@ async def commit_offsets(
     return again
 
 
+async def commit_last_offsets(
+    instance: ClientInstance, group: str, offsets: dict[MessageQueue, int]
+) -> list[MessageQueue]:
+    """`commit_offsets` for offsets no later round sends again (queues given up, shutdown):
+    each that failed or landed on a slave is tried once more on the master directly, with
+    LAST_COMMIT_MASTER_TIMEOUT_MS (one transport error, a connection that closed under the
+    request, sends a commit to the slave, whose copy the master's older one then replaces).
+    Returns the queues whose offset the master may still lack, and logs them."""
+    again = await commit_offsets(instance, group, offsets)
+    if not again:
+        return []
+    results = await asyncio.gather(
+        *(
+            api.commit_on_master(instance, group, mq, offsets[mq], LAST_COMMIT_MASTER_TIMEOUT_MS)
+            for mq in again
+        ),
+        return_exceptions=True,
+    )
+    missing: list[MessageQueue] = []
+    for mq, result in zip(again, results, strict=True):
+        if isinstance(result, BaseException) and not isinstance(result, QueueError):
+            raise result
+        if result is not True:
+            missing.append(mq)
+    if missing:
+        logger.warning(
+            "%s: the master has not taken the last offset of %s (stored in a slave or nowhere; "
+            "a new owner may consume from an older one)",
+            group,
+            ", ".join(f"{mq}={offsets[mq]}" for mq in missing),
+        )
+    return missing
+
+
 async def release_queues(
     instance: ClientInstance,
     group: str,
@@ -196,7 +235,7 @@ async def release_queues(
         # 2. Commit (broadcasting offsets stay in the local file, kept for a later return).
         held = {mq: offset for mq in mqs if (offset := offsets.get(mq)) is not None}
         try:
-            await commit_offsets(instance, group, held)
+            await commit_last_offsets(instance, group, held)
         finally:
             # Forgotten even if the commit raised: a later commit round must not send them.
             for mq in mqs:

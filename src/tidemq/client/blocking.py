@@ -174,8 +174,8 @@ class BlockingPullConsumer(_BlockingBase):
             self.consumer.pull_block_if_not_found(mq, expression, offset, max_nums, **options)
         )
 
-    def update_consumer_offset(self, mq: MessageQueue, offset: int) -> None:
-        self._run(self.consumer.update_consumer_offset(mq, offset))
+    def update_consumer_offset(self, mq: MessageQueue, offset: int) -> bool:
+        return self._run(self.consumer.update_consumer_offset(mq, offset))
 
     def fetch_consumer_offset(self, mq: MessageQueue) -> int:
         return self._run(self.consumer.fetch_consumer_offset(mq))

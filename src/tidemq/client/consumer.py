@@ -22,9 +22,10 @@
         ≤ consume_concurrency at once; a failed batch is sent back for a later retry.
       orderly (consume_orderly.py): one batch at a time per queue, only while its broker lock is
         held; a failed batch is retried in place, then sent to the dead-letter queue.
-    offsets committed every 5 s and at shutdown: clustering to the broker (the master, else a
-      slave: an offset stored in a slave is committed again each round, so it reaches the master
-      once that is back), broadcasting to a JSON file under `offset_store_dir`.
+    offsets committed every 5 s and at shutdown: clustering to the broker (the master whenever
+      the route lists it, a slave only if that request fails: an offset stored in a slave is
+      committed again each round, and at shutdown tried once more on the master, so it reaches
+      the master once that is back), broadcasting to a JSON file under `offset_store_dir`.
 
 Clustering consumers also subscribe `%RETRY%<group>` with "*"; messages from it reach the listener
 with their original topic restored from the RETRY_TOPIC property.
@@ -51,7 +52,14 @@ from tidemq.protocol.bodies import ConsumerData, MessageQueue
 from tidemq.protocol.headers import PullSysFlag
 
 from . import api
-from .assignment import OwnedQueue, allocate, commit_offsets, first_offset, release_queues
+from .assignment import (
+    OwnedQueue,
+    allocate,
+    commit_last_offsets,
+    commit_offsets,
+    first_offset,
+    release_queues,
+)
 from .consume_concurrently import ConcurrentConsumption
 from .consume_orderly import OrderlyConsumption
 from .instance import ClientInstance
@@ -478,6 +486,9 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
             return
         if self._offset_file is not None:
             await asyncio.to_thread(self._offset_file.save, self._offsets.items())
+            return
+        if all_queues:  # shutdown: no later round sends them again
+            await commit_last_offsets(self._instance, self._group, dirty)
             return
         again = await commit_offsets(self._instance, self._group, dirty)
         self._offsets.mark_dirty(again)

@@ -7,7 +7,8 @@ one probe (the producer passes a HEART_BEAT to the broker's master, which also r
 producer with a broker that restarted); the probes of one round run concurrently, so a hung
 broker delays no other broker's readmission. The client instance runs a second one for reads,
 keyed by broker address (client/read_route.py): a consumer's master that stopped answering is
-probed the same way, and its pulls and commits return to it once it answers.
+probed the same way, and its pulls return to it once it answers, however slowly it answered
+(`charge_latency=False`: reads charge no latency).
 """
 
 from __future__ import annotations
@@ -30,9 +31,19 @@ Probe = Callable[[str, float], Awaitable[None]]
 
 class BrokerProber:
     def __init__(
-        self, faults: FaultTracker, probe: Probe, clock: Clock, *, rotation: str = "send"
+        self,
+        faults: FaultTracker,
+        probe: Probe,
+        clock: Clock,
+        *,
+        rotation: str = "send",
+        charge_latency: bool = True,
     ) -> None:
         self._faults = faults
+        # Whether a probe's answer time is charged like a send of that latency (the send path:
+        # a slow answer skips the broker per fault.py's table) or an answer is just an answer
+        # (the read path, which charges no latency: read_route.py).
+        self._charge_latency = charge_latency
         # Which rotation a readmitted broker returns to, for the log line ("send", "read").
         self._rotation = rotation
         self._probe = probe
@@ -78,7 +89,8 @@ class BrokerProber:
             return
         finished = self._clock.monotonic_ms()
         latency_ms = finished - started
-        self._faults.record(broker_name, latency_ms, finished, failed=False)
+        charged_ms = latency_ms if self._charge_latency else 0.0
+        self._faults.record(broker_name, charged_ms, finished, failed=False)
         if self._faults.is_available(broker_name, finished):
             self.readmitted += 1
             logger.info(

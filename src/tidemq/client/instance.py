@@ -28,8 +28,8 @@ out of consumer lists. So besides the 30 s round the instance heartbeats:
 - after a broker's connection closed: again with backoff (REHEARTBEAT_DELAY_MS_MIN doubling to
   REHEARTBEAT_DELAY_MS_MAX) until it answers, for at most one heartbeat interval (then the
   regular round covers a broker that is gone for good); once it answers, the routes are
-  refreshed REJOIN_ROUTE_REFRESH_DELAY_MS later (the name servers may have dropped it, and a
-  consumer's reads return to a master only once the route lists it again).
+  refreshed soon, and with back-off until they list it (client/rejoin.py: the name servers may
+  have dropped it, and a consumer's reads return to a master only once a route lists it).
 
 Brokers know a client by its id: they list it in GET_CONSUMER_LIST_BY_GROUP (so rebalance splits
 queues between ids) and address transaction check-backs to its connection. Two consumers in one
@@ -86,6 +86,7 @@ from tidemq.remoting.handlers import HandlerTable
 
 from .message import MessageExt
 from .read_route import ReadRouter
+from .rejoin import RejoinRefresh
 from .route_cache import ROUTE_REFRESH_INTERVAL_MS, RouteCache
 
 logger = logging.getLogger(__name__)
@@ -98,10 +99,6 @@ REQUEST_TIMEOUT_MS: Final = 3_000
 # nothing, so one a second is cheap while the broker is down.
 REHEARTBEAT_DELAY_MS_MIN: Final = 100
 REHEARTBEAT_DELAY_MS_MAX: Final = 1_000
-# A broker answering again registers with the name servers right after it starts listening; the
-# route refresh that brings it back into the routes waits this long so as not to precede that.
-REJOIN_ROUTE_REFRESH_DELAY_MS: Final = 500
-
 # A name server that failed (no answer) is not asked for a second opinion, after another one
 # answered without what was asked (ask_next), for this long after its failure: a hung one would
 # otherwise cost a request timeout on every lookup of a topic nobody knows (a consumer's retry
@@ -190,7 +187,6 @@ class ClientInstance:
         # Broker connections whose close starts a re-heartbeat, and those loops, by address.
         self._watched: dict[str, Connection] = {}
         self._reheartbeats: set[str] = set()
-        self._rejoin_refresh_pending = False
         # Name server address → monotonic ms of its last failure (NAMESRV_FAILURE_MEMORY_MS).
         self._namesrv_failed_at: dict[str, float] = {}
         self._producers: dict[str, ProducerMember] = {}
@@ -201,6 +197,7 @@ class ClientInstance:
         handlers.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check_transaction)
         self.remoting = RemotingClient(handlers, clock=self.clock)
         self.reads = ReadRouter(self.routes, self.clock, self.probe_address)
+        self._rejoin = RejoinRefresh(self.refresh_routes, self._lists, self._spawn)
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._started = False
@@ -455,7 +452,7 @@ class ClientInstance:
 
         A broker that answers after failing may have been dropped from the routes meanwhile
         (the name servers drop a broker whose connection closed): the routes are refreshed
-        REJOIN_ROUTE_REFRESH_DELAY_MS later rather than at the next 30 s round.
+        soon, and until they list it again (client/rejoin.py), not at the next 30 s round.
 
         Raises:
             ClientError: no address known or no answer; BrokerError: an error answer.
@@ -470,19 +467,10 @@ class ClientInstance:
             ClientError: no answer; BrokerError: an error answer.
         """
         await self.heartbeat_to(addr, timeout_ms)
-        self._refresh_soon()
+        self._rejoin.answered(addr)
 
-    def _refresh_soon(self) -> None:
-        if not self._rejoin_refresh_pending:
-            self._rejoin_refresh_pending = True
-            self._spawn(self._refresh_after_rejoin())
-
-    async def _refresh_after_rejoin(self) -> None:
-        try:
-            await asyncio.sleep(REJOIN_ROUTE_REFRESH_DELAY_MS / 1000)
-        finally:
-            self._rejoin_refresh_pending = False
-        await self.refresh_routes()
+    def _lists(self, addr: str) -> bool:
+        return addr in self.routes.all_addresses(slaves=True)
 
     def _on_broker_closed(self, addr: str, connection: Connection) -> None:
         if self._watched.get(addr) is connection:
@@ -509,7 +497,7 @@ class ClientInstance:
                     delay_ms = min(delay_ms * 2, REHEARTBEAT_DELAY_MS_MAX)
                     continue
                 logger.info("%s: broker %s answers heartbeats again", self.client_id, addr)
-                self._refresh_soon()
+                self._rejoin.answered(addr)
                 return
         finally:
             self._reheartbeats.discard(addr)

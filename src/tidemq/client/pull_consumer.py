@@ -9,7 +9,11 @@ passes.
 
 Pulls, offset commits and queries go to the master of the queue's broker group, or to a slave
 while the master is gone from the route or does not answer, or to the broker id the last pull
-of that queue suggested (client/read_route.py).
+of that queue suggested (client/read_route.py). An offset commit goes to the master whenever
+the route lists it, and to a slave only if that request fails; an offset only a slave took is
+sent to the master again every second until the master has it (client/slave_offsets.py: a
+slave's copy is replaced by the master's older one once the master is back):
+`update_consumer_offset` returns False for it and `offsets_on_slave` lists it meanwhile.
 
 A stored record that cannot be decoded (e.g. flagged COMPRESSED but not zlib data) is not in
 `PullResult.messages`: it is listed in `PullResult.undecodable`, counted in `undecodable_count`
@@ -35,6 +39,7 @@ from .message import MessageModel, PullResult
 from .pull_answer import UndecodableLog
 from .read_route import PullSuggestions
 from .route_cache import subscribe_queues
+from .slave_offsets import SlaveOffsets
 
 # As RocketMQ's consumerTimeoutMillisWhenSuspend (blocking pulls) and a plain pull's timeout.
 PULL_TIMEOUT_MS_DEFAULT: Final = 10_000
@@ -61,6 +66,7 @@ class PullConsumer:
         self.pull_timeout_ms = pull_timeout_ms
         self._undecodable = UndecodableLog(group, self._instance.clock)
         self._pull_from = PullSuggestions()
+        self._commits = SlaveOffsets(self._instance, group)
         self._topics: set[str] = set()
         self._started = False
         self._closed = False
@@ -78,6 +84,12 @@ class PullConsumer:
         """Records skipped by this consumer's pulls because they could not be decoded."""
         return self._undecodable.count
 
+    @property
+    def offsets_on_slave(self) -> dict[MessageQueue, int]:
+        """Offsets committed that only a slave holds (its master did not answer or is not in
+        the route): each is sent to the master until it takes it (module docstring)."""
+        return self._commits.pending()
+
     async def start(self) -> None:
         if self._started:
             return
@@ -90,6 +102,7 @@ class PullConsumer:
             return
         self._closed = True
         if self._started:
+            await self._commits.close()
             await self._instance.unregister_consumer(self._group)
             await self._instance.shutdown()
 
@@ -186,11 +199,13 @@ class PullConsumer:
         self._undecodable.record(result.undecodable)
         return result
 
-    async def update_consumer_offset(self, mq: MessageQueue, offset: int) -> None:
-        """Store `offset` (the next to consume) for this group in the queue's broker."""
+    async def update_consumer_offset(self, mq: MessageQueue, offset: int) -> bool:
+        """Store `offset` (the next to consume) for this group in the queue's broker: True
+        when its master took it, False when only a slave did (`offsets_on_slave`; it is sent
+        to the master until it takes it)."""
         self._check_open()
         await self._ensure_route(mq)
-        await api.update_consumer_offset(self._instance, self._group, mq, offset)
+        return await self._commits.commit(mq, offset)
 
     async def fetch_consumer_offset(self, mq: MessageQueue) -> int:
         """The group's stored offset for `mq`, or -1 if none."""

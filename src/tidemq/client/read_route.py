@@ -19,9 +19,15 @@ records such transport failures per address in a `FaultTracker` (client/fault.py
 from the slave at once; the failed master is probed every PROBE_INTERVAL_MS with a heartbeat
 (client/fault_probe.py) and, once it answers, reads return to it. A master that a route update
 dropped is probed the same way: once it answers, the routes are refreshed at once, so reads
-return to it in about a second, not at the next 30 s route refresh. Only transport failures
+return to it in about a second, not at the next 30 s route refresh (and, while a route still
+lacks it, again with back-off: client/rejoin.py). Only transport failures
 count (no answer, refused connect, closed connection): a broker that answers with an error code
-is alive.
+is alive. A probe's answer time is not charged (as a read's is not): a master that answers is
+read from again, however slowly it answered.
+
+Offset commits are the exception to the fault tracker: they go to the master whenever the route
+lists it (`commit_target`; a slave only when that request fails, `fallback`), since an offset a
+slave holds is replaced by the master's older copy at the slave's next metadata sync.
 
 `PullSuggestions` is upstream's pullFromWhichNodeTable: every pull answer carries
 `suggestWhichBrokerId` (a master with slaveReadEnable steers a lagging consumer to slave 1; a
@@ -93,7 +99,12 @@ class ReadRouter:
         self._routes = routes
         self._clock = clock
         self.faults = FaultTracker(on_failure=lambda addr: self._prober.wake(addr))
-        self._prober = BrokerProber(self.faults, probe, clock, rotation="read")
+        # A probe's answer time is not charged either (as `record`): a master that answers its
+        # first probe slowly (a restart warming up) is read from again at once, not skipped for
+        # the send path's 30 s with no further probe.
+        self._prober = BrokerProber(
+            self.faults, probe, clock, rotation="read", charge_latency=False
+        )
 
     def target(self, broker_name: str, preferred_id: int = MASTER_ID) -> BrokerTarget:
         """The broker of `broker_name` a read goes to.
@@ -109,6 +120,38 @@ class ReadRouter:
         if broker_id is None:
             raise NoRouteError(f"no address known for broker {broker_name!r}")
         return BrokerTarget(broker_name, broker_id, addrs[broker_id])
+
+    def commit_target(self, broker_name: str) -> BrokerTarget:
+        """The broker an offset commit goes to first: the master whenever the route lists it,
+        whatever the fault tracker says (upstream's findBrokerAddressInAdmin). A master skipped
+        for reads after one transport error is most likely healthy, and an offset stored in a
+        slave is overwritten by the master's copy within about a second; so a commit tries the
+        master and falls back to a slave (`fallback`) only when that request fails. Without a
+        master in the route: as a read.
+
+        Raises:
+            NoRouteError: no cached route names that broker.
+        """
+        master = self._routes.addresses(broker_name).get(MASTER_ID)
+        if master is None:
+            return self.target(broker_name)
+        return BrokerTarget(broker_name, MASTER_ID, master)
+
+    def fallback(self, failed: BrokerTarget) -> BrokerTarget | None:
+        """After a transport failure of `failed`: the broker of its group a retry goes to (read
+        order, without `failed`), or None when the group has no other."""
+        addrs = {
+            broker_id: addr
+            for broker_id, addr in self._routes.addresses(failed.broker_name).items()
+            if addr != failed.addr
+        }
+        now_ms = self._clock.monotonic_ms()
+        broker_id = choose_read(
+            addrs, MASTER_ID, lambda addr: self.faults.is_available(addr, now_ms)
+        )
+        if broker_id is None:
+            return None
+        return BrokerTarget(failed.broker_name, broker_id, addrs[broker_id])
 
     def watch_lost_masters(self, before: Mapping[str, str]) -> None:
         """After a route update: a master of `before` (broker name → address) that the routes no
