@@ -64,11 +64,21 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
+# The ports (VIP, listen, HA) of every broker port handed out by this process: brokers are
+# picked before any of them binds, so a later pick must not land on an earlier one's trio.
+_handed_out: set[int] = set()
+
+
 def free_broker_port() -> int:
-    """A free port whose VIP neighbour (port - 2) and HA neighbour (port + 1) are free as well."""
+    """A free port whose VIP neighbour (port - 2) and HA neighbour (port + 1) are free as well,
+    and none of them handed out to an earlier broker of this process."""
     for _ in range(PORT_PICK_ATTEMPTS):
         port = free_port()
-        if port > 1024 and _port_is_free(port - 2) and _port_is_free(port + 1):
+        trio = {port - 2, port, port + 1}
+        if port <= 1024 or trio & _handed_out:
+            continue
+        if _port_is_free(port - 2) and _port_is_free(port + 1):
+            _handed_out.update(trio)
             return port
     raise RuntimeError("no free port with free neighbours found")
 
