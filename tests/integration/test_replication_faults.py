@@ -25,8 +25,6 @@ from tidemq import (
     Message,
     MessageExt,
     Producer,
-    PullConsumer,
-    PullStatus,
     PushConsumer,
     SendStatus,
     TransactionProducer,
@@ -39,6 +37,7 @@ from tidemq.protocol.frame import RemotingCommand
 from tidemq.remoting.client import RemotingClient
 from tidemq.testing import eventually, eventually_async
 from tidemq.testing.processes import ServerProcess, process_cluster
+from tidemq.testing.reading import pull_bodies
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -181,20 +180,6 @@ async def test_mixed_traffic_leaves_byte_identical_logs(tmp_path: Path) -> None:
         assert master_log == slave_log
 
 
-async def _pull_all(namesrv_addr: str, topic: str) -> set[bytes]:
-    bodies: set[bytes] = set()
-    async with PullConsumer("CG-check", namesrv_addr) as consumer:
-        for mq in await consumer.fetch_subscribe_message_queues(topic):
-            offset = 0
-            while True:
-                result = await consumer.pull(mq, "*", offset, 32)
-                if result.status is not PullStatus.FOUND:
-                    break
-                bodies.update(m.body for m in result.messages)
-                offset = result.next_begin_offset
-    return bodies
-
-
 async def _send_some(namesrv_addr: str, prefix: bytes, count: int) -> set[bytes]:
     sent: set[bytes] = set()
     async with Producer("PG-some", namesrv_addr) as producer:
@@ -234,7 +219,7 @@ async def test_slave_and_master_restarts_and_a_late_slave(tmp_path: Path) -> Non
         await _caught_up(master, slave)
         assert _segments(master) == _segments(slave)
         master.kill()
-        assert await _pull_all(pc.namesrv_addr, "Restarts") == sent
+        assert await pull_bodies(pc.namesrv_addr, "Restarts", "CG-check") == sent
 
 
 async def _load(namesrv_addr: str, acked: list[bytes], stop: asyncio.Event) -> None:
@@ -268,7 +253,7 @@ async def test_async_master_killed_under_load_loses_only_the_copy_window(
         master.kill()
         stop.set()
         await load
-        on_slave = await _pull_all(pc.namesrv_addr, "Load")
+        on_slave = await pull_bodies(pc.namesrv_addr, "Load", "CG-check")
         lost = [body for body in acked if body not in on_slave]
         print(
             f"ASYNC_MASTER kill -9 under load: {len(lost)} of {len(acked)} acknowledged sends "

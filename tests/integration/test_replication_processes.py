@@ -17,7 +17,7 @@ from typing import Final
 
 import pytest
 
-from tidemq import Admin, Message, Producer, PullConsumer, PullStatus, SendStatus
+from tidemq import Admin, Message, Producer, SendStatus
 from tidemq.cli.cluster import BrokerAnswer, fetch_answers
 from tidemq.cli.main import main as cli_main
 from tidemq.errors import QueueError
@@ -29,6 +29,7 @@ from tidemq.testing.processes import (
     free_port,
     process_cluster,
 )
+from tidemq.testing.reading import pull_bodies
 
 pytestmark = [
     pytest.mark.integration,
@@ -122,21 +123,6 @@ async def _cli_rows(namesrv_addr: str, capsys: pytest.CaptureFixture[str]) -> li
     return [line.split() for line in capsys.readouterr().out.strip().splitlines()[1:]]
 
 
-async def _pull_everything(namesrv_addr: str) -> set[bytes]:
-    """Every body of TOPIC a pull consumer reads from offset 0 of each queue."""
-    bodies: set[bytes] = set()
-    async with PullConsumer("CG-replicated", namesrv_addr) as consumer:
-        for mq in await consumer.fetch_subscribe_message_queues(TOPIC):
-            offset = 0
-            while True:
-                result = await consumer.pull(mq, "*", offset, 32)
-                if result.status is not PullStatus.FOUND:
-                    break
-                bodies.update(message.body for message in result.messages)
-                offset = result.next_begin_offset
-    return bodies
-
-
 async def test_sync_master_and_slave_processes_hold_identical_logs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -165,7 +151,7 @@ async def test_sync_master_and_slave_processes_hold_identical_logs(
         answers = await _answers(pc.namesrv_addr)
         if ("broker-a", 0) in answers:  # the name server may not have noticed yet
             assert answers["broker-a", 0].info is None
-        assert await _pull_everything(pc.namesrv_addr) == set(acked)
+        assert await pull_bodies(pc.namesrv_addr, TOPIC, "CG-replicated") == set(acked)
 
 
 async def test_slave_with_a_wrong_secret_is_refused(
