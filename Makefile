@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.test-installed
 JS_DIR := tests/compat/js
 JS_STAMP := $(JS_DIR)/node_modules/.installed
 
-.PHONY: run test check lint typecheck unit bench bench-deps clean java
+.PHONY: run test check lint typecheck unit bench bench-deps clean java etcd chaos
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,16 @@ java:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q openjdk-17-jre-headless; }
 
+# Controller mode's tests (tests/controller, tests/integration/test_failover*, tests/chaos) run a
+# real etcd: Debian's etcd-server, installed when missing.
+etcd:
+	@command -v etcd >/dev/null || { \
+		command -v apt-get >/dev/null || { echo "etcd (Debian etcd-server) is needed for the failover tests"; exit 1; }; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q etcd-server; }
+
 ## test: install what the tests need, then lint, type-check, check import rules and run every test
-test: $(TEST_STAMP) $(JS_STAMP) java check
+test: $(TEST_STAMP) $(JS_STAMP) java etcd check
 	$(PY) -m pytest -q -p no:cacheprovider
 
 check: lint typecheck

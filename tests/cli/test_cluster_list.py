@@ -150,6 +150,29 @@ def test_rows_say_why_a_slave_does_not_follow() -> None:
     ]
 
 
+def test_rows_of_controller_mode_brokers_show_epoch_and_in_sync_set() -> None:
+    controller = {"controllerEpoch": "3", "syncStateSet": "1,2", "controllerRole": "MASTER"}
+    master = {"brokerRole": "SYNC_MASTER", "haSlaveCount": "1", **controller}
+    follower = {**SLAVE_INFO, **controller, "controllerRole": "SLAVE"}
+    standby = {
+        **SLAVE_INFO,
+        "haConnected": "false",
+        "haMasterAddr": "",
+        "controllerRole": "STANDBY",
+    }
+    answers = [
+        BrokerAnswer("C", "g", 0, "h:1", master),
+        BrokerAnswer("C", "g", 2, "h:2", follower),
+        BrokerAnswer("C", "g", 3, "h:3", standby),
+    ]
+    states = [row[-1] for row in cluster_rows(answers)[1:]]
+    assert states == [
+        "1 slave(s), epoch 3, in-sync 1,2",
+        "following 127.0.0.1:30001, epoch 3",
+        "standby: waiting for the controller",
+    ]
+
+
 def test_rows_of_brokers_without_replication_keys() -> None:
     """A broker from before issue 13 (no brokerRole, no ha* keys) still gets a row."""
     answers = [BrokerAnswer("C", "g", 0, "h:1", {"commitLogMaxOffset": "7"})]

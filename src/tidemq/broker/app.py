@@ -24,6 +24,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tidemq.broker.clients import ClientRegistry, ConsumerIdsNotifier, QueueLockTable
@@ -44,10 +45,11 @@ from tidemq.broker.handlers.send_back import SendBackHandler
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.pull_hold import PullHoldService
 from tidemq.broker.registration import RegistrationService
-from tidemq.broker.replication import Replication
+from tidemq.broker.replication import ControlledRole, Replication
 from tidemq.broker.schedule import DelayRouter, ScheduleService
 from tidemq.broker.service import PeriodicService
 from tidemq.broker.timer import TimerWheel
+from tidemq.broker.topic_adopt import TopicAdopter
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction.admin import TransactionAdminHandlers
 from tidemq.broker.transaction.batch import SinkBatchResolver
@@ -55,6 +57,7 @@ from tidemq.broker.transaction.check_back import CheckBackConfig, CheckBackServi
 from tidemq.broker.transaction.ledger import TransactionLedger
 from tidemq.broker.transaction.resolution import TransactionResolver
 from tidemq.broker.transaction.stats import TransactionStats
+from tidemq.broker.visibility import VisibilityGate
 from tidemq.clock import Clock
 from tidemq.remoting import TURN_BUDGET
 from tidemq.remoting.client import RemotingClient
@@ -69,6 +72,11 @@ log = logging.getLogger(__name__)
 CONFIG_DIR = "config"
 # How often silent client registrations are looked for (RocketMQ scans every 10 s).
 CLIENT_SCAN_INTERVAL_MS = 10_000
+
+
+def _nothing_visible() -> int:
+    """A controller-mode slave's read limit: it serves no record (the master serves reads)."""
+    return 0
 
 
 def store_config(config: BrokerConfig) -> StoreConfig:
@@ -94,9 +102,13 @@ class BrokerApp:
         clock: Clock,
         *,
         disk_usage_probe: DiskUsageProbe | None = None,
+        controlled: ControlledRole | None = None,
     ) -> None:
-        """`disk_usage_probe` replaces the store's disk measurement (tests of a full disk)."""
+        """`disk_usage_probe` replaces the store's disk measurement (tests of a full disk);
+        `controlled`: the role the controller gave this broker (failover.py), None outside
+        controller mode."""
         self.config = config
+        self.controlled = controlled
         self.clock = clock
         self.advertised = BrokerAddress(config.broker_ip, config.listen_port)
         root = Path(config.store_path_root_dir)
@@ -133,6 +145,7 @@ class BrokerApp:
         self.transaction_stats = TransactionStats()
         self.transactions, self.sink_batches = self._transaction_parts()
         self.check_back: CheckBackService | None = None
+        self.visibility: VisibilityGate | None = None
         self._namesrv_client: RemotingClient | None = None
         self._server: RemotingServer | None = None
         self.flush: FlushService | None = None
@@ -171,6 +184,7 @@ class BrokerApp:
             groups=self.groups,
             offsets=self.offsets,
             schedule=self.schedule,
+            controlled=self.controlled,
         )
 
     # -- properties --------------------------------------------------------------------------
@@ -230,9 +244,7 @@ class BrokerApp:
             self.transactions.rebuild(self.offsets)
             self.sink_batches.rebuild()
         self.pull_hold.start()
-        self.store.add_dispatch_listener(self.pull_hold.on_dispatch, self.pull_hold.wants_topic)
-        self.store.add_dispatch_listener(self.schedule.on_dispatch, self.schedule.wants_topic)
-        self.store.add_dispatch_listener(self.timer.on_dispatch, self.timer.wants_topic)
+        self._listen_to_dispatch()
         self.flush = FlushService(
             self.store.flush,
             sync=config.flush_disk_type == "SYNC_FLUSH",
@@ -241,11 +253,14 @@ class BrokerApp:
             flush_log=functools.partial(self.store.flush, log_only=True),
         )
         self.flush.start()
+        controlled = self.controlled
         self.durability = Durability(
             self.flush,
             self.replication.master,
             config.is_sync_master,
             sync_flush_timeout_ms=config.sync_flush_timeout_ms,
+            group=controlled is not None and config.is_master,
+            fence=controlled.fence if controlled is not None and config.is_master else None,
         )
         self._server = self._remoting_server(self.durability)
         await self._server.start()
@@ -278,6 +293,42 @@ class BrokerApp:
             self.check_back.start()
             self.schedule.start()
             self.timer.start()
+
+    def _listen_to_dispatch(self) -> None:
+        """The parts that follow the store's dispatch: held pulls (through the visibility
+        gate), delay levels, timers, and on a controller-mode master the topics its table
+        lacks (topic_adopt.py)."""
+        self._gate_reads()
+        self.store.add_dispatch_listener(self.schedule.on_dispatch, self.schedule.wants_topic)
+        self.store.add_dispatch_listener(self.timer.on_dispatch, self.timer.wants_topic)
+        if self.controlled is not None and self.config.is_master:
+            adopter = TopicAdopter(self.topics)
+            adopter.adopt_all(self.store.topics_and_queues())
+            self.store.add_dispatch_listener(adopter.on_dispatch, adopter.wants_topic)
+
+    def _gate_reads(self) -> None:
+        """Held pulls hear of new records through the visibility gate: at once, except on a
+        controller-mode master, where a record is shown once every in-sync replica has it
+        (visibility.py); a controller-mode slave shows nothing (the master serves reads)."""
+        controlled = self.controlled
+        limited = controlled is not None and self.config.is_master
+        gate = VisibilityGate(
+            self.pull_hold.on_dispatch, self.pull_hold.wants_topic, limited=limited
+        )
+        self.store.add_dispatch_listener(gate.on_dispatch, gate.wants_topic)
+        master = self.replication.master
+        if limited and master is not None:
+            master.add_confirm_listener(gate.advance)
+        self.visibility = gate
+
+    def _visible_end(self) -> Callable[[], int] | None:
+        """The pull handler's read limit: None outside controller mode (see `_gate_reads`)."""
+        if self.controlled is None:
+            return None
+        if self.config.is_master:
+            assert self.visibility is not None, "reads are gated before handlers are built"
+            return self.visibility.visible_end
+        return _nothing_visible
 
     def _remoting_server(self, durability: Durability) -> RemotingServer:
         """The server on the listen port (and the VIP port), with every handler."""
@@ -362,6 +413,7 @@ class BrokerApp:
             self.offsets,
             self.clients,
             self.pull_hold,
+            visible_end=self._visible_end(),
         ).register(table)
         OffsetHandlers(
             self.store, self.offsets, self.topics, is_slave=self.config.is_slave

@@ -136,6 +136,18 @@ class BrokerConfig:
     # How often a slave copies topics, groups, consumer offsets and delay progress from its
     # master (upstream: 10 s, fixed).
     slave_sync_interval_ms: int = 1_000
+    # Controller mode (issue 14, RocketMQ 5's enableControllerMode): the group's master, epoch
+    # and in-sync set live in etcd; the role is the controller's, brokerId is the replica's
+    # stable id (>= 1), the master registers as 0. broker/failover.py runs it.
+    enable_controller_mode: bool = False
+    controller_etcd_endpoints: tuple[str, ...] = ()
+    controller_etcd_prefix: str = "/tidemq"
+    controller_lease_ttl_seconds: int = 2
+    # A sync-set slave that has not reached the master's log end for this long is removed from
+    # the set (one compare-and-swap in etcd) so sends stop waiting for it (RocketMQ 5 default:
+    # 15 s; below syncFlushTimeout here, so a send waiting for it is answered in time).
+    ha_max_time_slave_not_catchup_ms: int = 3_000
+    all_ack_in_sync_state_set: bool = True
 
     def __post_init__(self) -> None:
         self._check_identity()
@@ -230,20 +242,29 @@ class BrokerConfig:
 
     def _check_replication(self) -> None:
         """Role and id agree, the secret is there when needed, HA limits are sane."""
-        if self.broker_role == "SLAVE" and self.broker_id < 1:
+        if self.enable_controller_mode:
+            self._check_controller_mode()
+        elif self.broker_role == "SLAVE" and self.broker_id < 1:
             raise _bad("brokerId", self.broker_id, "a SLAVE needs brokerId >= 1 (0 is the master)")
-        if self.broker_role != "SLAVE" and self.broker_id != MASTER_BROKER_ID:
+        elif self.broker_role != "SLAVE" and self.broker_id != MASTER_BROKER_ID:
             raise _bad(
                 "brokerId",
                 self.broker_id,
                 f"brokerRole={self.broker_role} needs brokerId=0 (ids above 0 name slaves)",
             )
-        if self.broker_role in ROLES_NEEDING_SECRET and not self.ha_secret:
+        if (
+            self.broker_role in ROLES_NEEDING_SECRET or self.enable_controller_mode
+        ) and not self.ha_secret:
             raise _bad(
                 "haSecret",
                 self.ha_secret,
-                f"required for brokerRole={self.broker_role} (the same value on the master and "
-                "its slaves)",
+                "required for "
+                + (
+                    "enableControllerMode"
+                    if self.enable_controller_mode
+                    else f"brokerRole={self.broker_role}"
+                )
+                + " (the same value on the master and its slaves)",
             )
         port = self.ha_listen_port
         if port is not None and not 0 <= port <= 65535:
@@ -276,6 +297,60 @@ class BrokerConfig:
             )
         if self.ha_secret and len(self.ha_secret.encode()) < HA_SECRET_SIZE_MIN:
             log.warning("haSecret has fewer than %d bytes: use a longer one", HA_SECRET_SIZE_MIN)
+
+    def _check_controller_mode(self) -> None:
+        """Controller mode: the controller decides the role; what it needs is there."""
+        if self.broker_id < 1:
+            raise _bad(
+                "brokerId",
+                self.broker_id,
+                "enableControllerMode needs brokerId >= 1: the replica's own id in its group "
+                "(whichever replica is master registers as 0)",
+            )
+        if self.broker_role != "ASYNC_MASTER":
+            raise _bad(
+                "brokerRole",
+                self.broker_role,
+                "the controller decides the role under enableControllerMode: remove brokerRole",
+            )
+        if self.listen_port == 0 or self.ha_listen_port == 0:
+            raise _bad(
+                "listenPort" if self.listen_port == 0 else "haListenPort",
+                0,
+                "enableControllerMode needs fixed ports: a replica keeps its address across "
+                "role changes (clients, name servers and the other replicas dial it)",
+            )
+        if not self.controller_etcd_endpoints:
+            raise _bad(
+                "controllerEtcdEndpoints", "", "required by enableControllerMode (host:port;...)"
+            )
+        for addr in self.controller_etcd_endpoints:
+            _check_addr("controllerEtcdEndpoints", addr)
+        if not self.controller_etcd_prefix.startswith("/"):
+            raise _bad("controllerEtcdPrefix", self.controller_etcd_prefix, "must start with /")
+        if not 1 <= self.controller_lease_ttl_seconds <= 60:
+            raise _bad("controllerLeaseTtlSeconds", self.controller_lease_ttl_seconds, "1..60")
+        if not 0 < self.ha_max_time_slave_not_catchup_ms < self.sync_flush_timeout_ms:
+            raise _bad(
+                "haMaxTimeSlaveNotCatchup",
+                self.ha_max_time_slave_not_catchup_ms,
+                "must be > 0 and below syncFlushTimeout (a send waiting for a lagging slave "
+                "must see it leave the in-sync set before the send times out)",
+            )
+        if not self.all_ack_in_sync_state_set:
+            raise _bad(
+                "allAckInSyncStateSet",
+                False,
+                "controller mode acknowledges only what every in-sync replica has (false would "
+                "let a failover lose acknowledged messages; not supported)",
+            )
+        if self.slave_read_enable:
+            raise _bad(
+                "slaveReadEnable",
+                True,
+                "not supported with enableControllerMode (reads are the "
+                "master's, up to the confirm offset)",
+            )
 
     @property
     def is_slave(self) -> bool:

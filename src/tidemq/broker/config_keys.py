@@ -344,4 +344,44 @@ KEYS: Final[tuple[ConfigKey, ...]] = (
         "Slave: period (ms) of copying topics, groups, consumer offsets and delay progress from"
         " the master (TideMQ extension; upstream copies every 10 s).",
     ),
+    ConfigKey(
+        "enableControllerMode",
+        "enable_controller_mode",
+        parse_bool,
+        "Automatic failover: the group's master, epoch and in-sync set are kept in etcd; the"
+        " role is the controller's (brokerRole may not be set; brokerId >= 1 is the replica's id).",
+    ),
+    ConfigKey(
+        "controllerEtcdEndpoints",
+        "controller_etcd_endpoints",
+        _parse_addrs,
+        "Controller mode: etcd client endpoints, host:port separated by ';' (TideMQ extension).",
+        render=_render_addrs,
+    ),
+    ConfigKey(
+        "controllerEtcdPrefix",
+        "controller_etcd_prefix",
+        _parse_str,
+        "Controller mode: the etcd key prefix of this cluster's groups (TideMQ extension).",
+    ),
+    ConfigKey(
+        "controllerLeaseTtlSeconds",
+        "controller_lease_ttl_seconds",
+        parse_int,
+        "Controller mode: a broker's etcd lease; a master that cannot renew it stops"
+        " acknowledging before a successor can be elected (TideMQ extension).",
+    ),
+    ConfigKey(
+        "haMaxTimeSlaveNotCatchup",
+        "ha_max_time_slave_not_catchup_ms",
+        parse_int,
+        "Controller mode: a slave behind the master's log end for this many ms leaves the"
+        " in-sync set (sends stop waiting for it); it rejoins once caught up.",
+    ),
+    ConfigKey(
+        "allAckInSyncStateSet",
+        "all_ack_in_sync_state_set",
+        parse_bool,
+        "Controller mode: a send is acknowledged once every in-sync replica has it (only true).",
+    ),
 )

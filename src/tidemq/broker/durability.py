@@ -21,6 +21,18 @@ together waits as one callback (send_coalesce.py), with no task or future. `wait
 awaitable form for handlers that await. `waits` is False for ASYNC_FLUSH + ASYNC_MASTER (or
 SLAVE), the common case: then a handler answers SUCCESS without calling anything here (one
 attribute read on the hot path).
+
+Controller mode (`group=True`, issue 14): the slave's part is the sync set's acknowledgement
+(HAMaster.set_sync_set: every member has it; the master alone: at once), so `waits` is always
+True. And an answer is fenced: a master whose etcd lease may have expired (`fence()` False at
+answer time) may already have a successor that never got the message, so what would be SUCCESS
+is SERVICE_NOT_AVAILABLE "master lease lost: not acknowledged" instead (the message is stored
+here; the producer must not count it as acknowledged). The fence is read when the answer is
+given, not when the wait starts: a lease lost while a send waited for its acks fences it too.
+
+    SUCCESS ─▶ fence() ─┬ True ─▶ SUCCESS
+                        └ False (or raised) ─▶ SERVICE_NOT_AVAILABLE (lease lost)
+    any other code ─────▶ as it is
 """
 
 from __future__ import annotations
@@ -39,6 +51,10 @@ log = logging.getLogger(__name__)
 DurableCallback = Callable[[int, str], None]
 # `Durability.wait_durable` as the handlers that await take it: (code, remark) for an end offset.
 WaitDurable = Callable[[int], Awaitable[tuple[int, str]]]
+# Controller mode: whether this master's lease still holds (LeaseKeeper.valid).
+Fence = Callable[[], bool]
+
+LEASE_LOST_REMARK: Final = "master lease lost: not acknowledged"
 
 
 class AckSource(Protocol):
@@ -51,6 +67,7 @@ class AckSource(Protocol):
 
 
 _SUCCESS: Final = int(ResponseCode.SUCCESS)
+_FENCED: Final = int(ResponseCode.SERVICE_NOT_AVAILABLE)
 
 
 def flush_timeout_remark(sync_flush_timeout_ms: int) -> str:
@@ -71,10 +88,31 @@ def slave_remarks(slave_timeout_ms: int) -> dict[int, str]:
     }
 
 
+def group_remarks(slave_timeout_ms: int) -> dict[int, str]:
+    """The remarks of a controller-mode master's answers other than SUCCESS, by code."""
+    return {
+        ResponseCode.FLUSH_SLAVE_TIMEOUT: (
+            "stored on the master, but not every replica of the sync set acknowledged it "
+            f"within {slave_timeout_ms} ms"
+        ),
+        ResponseCode.SLAVE_NOT_AVAILABLE: (
+            "stored on the master, but it stopped before the sync set acknowledged it"
+        ),
+    }
+
+
 class Durability:
     """The flush and (SYNC_MASTER) the slave's acknowledgement; one answer per waiter."""
 
-    __slots__ = ("_flush", "_flush_remark", "_ha", "_slave_remarks", "_sync_master", "waits")
+    __slots__ = (
+        "_fence",
+        "_flush",
+        "_flush_remark",
+        "_ha",
+        "_slave_remarks",
+        "_sync_master",
+        "waits",
+    )
 
     def __init__(
         self,
@@ -83,20 +121,31 @@ class Durability:
         sync_master: bool,
         *,
         sync_flush_timeout_ms: int = 5_000,
+        group: bool = False,
+        fence: Fence | None = None,
     ) -> None:
         """`ha` is None when no HA master runs (then a SYNC_MASTER answers SLAVE_NOT_AVAILABLE,
-        as with no slave connected). The slave's timeout is syncFlushTimeout, as in 4.x."""
+        as with no slave connected). The slave's timeout is syncFlushTimeout, as in 4.x.
+        `group`: controller mode, `ha` acknowledges by the sync set's rule (required then);
+        `fence`: SUCCESS only while it returns True (module doc)."""
+        if group and ha is None:
+            raise ValueError("controller mode acknowledges through the HA master: none given")
         self._flush = flush
         self._ha = ha
-        self._sync_master = sync_master
+        self._sync_master = sync_master or group
+        self._fence = fence
         self._flush_remark = flush_timeout_remark(sync_flush_timeout_ms)
-        self._slave_remarks = slave_remarks(sync_flush_timeout_ms)
-        # Whether an answer waits for anything: read by the send paths before calling in.
-        self.waits: bool = flush.sync or sync_master
+        remarks = group_remarks if group else slave_remarks
+        self._slave_remarks = remarks(sync_flush_timeout_ms)
+        # Whether an answer waits for anything: read by the send paths before calling in
+        # (a fenced answer is never given without asking: the fast path would skip the fence).
+        self.waits: bool = flush.sync or self._sync_master or fence is not None
 
     def on_durable(self, end: int, callback: DurableCallback) -> None:
         """Call `callback(code, remark)` once the log up to `end` is as durable as the role
         promises (see the module doc). Called on the event loop."""
+        if self._fence is not None:
+            callback = _fenced(callback, self._fence)
         if not self.waits:
             _call(callback, _SUCCESS, "")
             return
@@ -172,6 +221,23 @@ class _BothWaits:
     def _answer(self, code: int, remark: str) -> None:
         self.done = True
         _call(self._callback, code, remark)
+
+
+def _fenced(callback: DurableCallback, fence: Fence) -> DurableCallback:
+    """`callback` with each SUCCESS checked against the lease when it is given."""
+
+    def answer(code: int, remark: str) -> None:
+        if code == _SUCCESS:
+            try:
+                holds = fence()
+            except Exception:  # a fence that cannot tell is no lease
+                log.exception("lease fence %r failed: not acknowledged", fence)
+                holds = False
+            if not holds:
+                code, remark = _FENCED, LEASE_LOST_REMARK
+        callback(code, remark)
+
+    return answer
 
 
 def _call(callback: DurableCallback, code: int, remark: str) -> None:

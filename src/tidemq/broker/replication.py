@@ -20,11 +20,18 @@ handshake: the master is gone or refuses it); while the link follows, the new ma
 named by MASTER_SWITCH_ROUNDS times (number of name servers) answers in a row, none naming the
 current master or a third one: all name servers, for MASTER_SWITCH_ROUNDS registration rounds.
 The first answer after start is followed at once.
+
+Controller mode (issue 14, broker/failover.py): the controller, not the name servers, names the
+master. A `ControlledRole` pins it (`pin_master`; name servers' answers are ignored), a master's
+HAMaster acknowledges by the in-sync set the controller keeps, and `fence` tells Durability
+whether the master's lease still holds.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from tidemq.broker.config import HA_PORT_OFFSET, BrokerConfig
@@ -48,6 +55,26 @@ MASTER_SWITCH_ROUNDS: Final = 3
 
 # (the master's client address, its HA address or None when the answer had none)
 MasterAddrs = tuple[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ControlledRole:
+    """What the controller tells a BrokerApp it runs under controller mode (failover.py).
+
+    Args:
+        replica_id: this broker's stable id in its group (its brokerId in broker.conf; a master
+            registers as 0 but acknowledges by replica ids).
+        fence: a master's lease check: False once the lease may have expired (then no answer
+            may claim a message acknowledged).
+        master: a slave's master as (client address, HA address); None: a standby that follows
+            no one until the controller names a master.
+        fields: the controller's keys for GET_BROKER_RUNTIME_INFO (epoch, in-sync set, ...).
+    """
+
+    replica_id: int
+    fence: Callable[[], bool]
+    master: tuple[str, str] | None = None
+    fields: Callable[[], dict[str, str]] | None = None
 
 
 class MasterChoice:
@@ -125,8 +152,10 @@ class Replication:
         groups: SubscriptionGroupTable,
         offsets: ConsumerOffsetTable,
         schedule: ScheduleService,
+        controlled: ControlledRole | None = None,
     ) -> None:
         self._config = config
+        self._controlled = controlled
         self._store = store
         self._address = address
         self.master: HAMaster | None = None
@@ -156,6 +185,8 @@ class Replication:
             self.master = HAMaster(
                 store, ha_settings(config), clock, message_size_max=config.max_message_size
             )
+            if controlled is not None:  # until the controller says more: acks need only us
+                self.master.set_sync_set(frozenset({controlled.replica_id}), controlled.replica_id)
 
     async def start(self) -> None:
         """Before the broker serves: the slave's store refuses local writes; the master's HA
@@ -164,6 +195,9 @@ class Replication:
             self._store.set_replica_mode(True)
         if self.sync is not None:
             self.sync.start()
+        controlled = self._controlled
+        if controlled is not None and controlled.master is not None:
+            self.pin_master(*controlled.master)
         if self.master is not None:
             await self.master.start()
         elif not self._config.is_slave:
@@ -191,7 +225,9 @@ class Replication:
 
     def on_master(self, master_addr: str, ha_addr: str | None) -> None:
         """A name server named this slave's master (registration.py): followed per the
-        MasterChoice rule (module doc)."""
+        MasterChoice rule (module doc). Under controller mode the controller names it."""
+        if self._controlled is not None:
+            return
         following = self.slave is not None and self.slave.following
         if not self.choice.heard((master_addr, ha_addr), following):
             return
@@ -200,8 +236,21 @@ class Replication:
         if self.slave is not None and ha_addr is not None:
             self.slave.set_master(ha_addr)
 
+    def pin_master(self, master_addr: str, ha_addr: str) -> None:
+        """Controller mode: follow this master (client and HA address) until told otherwise."""
+        self.choice.current = (master_addr, ha_addr)
+        if self.sync is not None:
+            self.sync.set_master(master_addr)
+        if self.slave is not None:
+            self.slave.set_master(ha_addr)
+
     def runtime_fields(self) -> dict[str, str]:
         """The replication keys of GET_BROKER_RUNTIME_INFO (handlers/ha_info.py)."""
         if self.slave is not None:
-            return slave_fields(self.slave.state())
-        return master_fields(self.master.slaves() if self.master is not None else [])
+            fields = slave_fields(self.slave.state())
+        else:
+            fields = master_fields(self.master.slaves() if self.master is not None else [])
+        controlled = self._controlled
+        if controlled is not None and controlled.fields is not None:
+            fields.update(controlled.fields())
+        return fields

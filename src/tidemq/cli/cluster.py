@@ -15,6 +15,10 @@ issue 13 (the broker's handlers/admin.py writes them):
     slave       haMasterAddr, haConnected, haReplicaOffset, haMasterMaxOffset, haLagBytes,
                 haLagMs, haRefusedReason
 
+Controller mode (issue 14) adds controllerEpoch, syncStateSet, replicaId and controllerRole:
+the STATE column then ends with the epoch and, on the master, the in-sync set ("epoch 3,
+in-sync 1,2,3"); a STANDBY replica (recovered, waiting for the controller) says so.
+
 A slave's lag is its own view (how far its replica is behind the master's end as it last heard
 it), so it is shown even while the master is down. When the slave does not answer, the master's
 view of it (haSlaves: what it acknowledged) fills the lag columns. A broker that does not answer
@@ -101,9 +105,19 @@ def _seconds(lag_ms: str | int) -> str:
         return _NONE
 
 
+def _controller_state(info: Mapping[str, str], *, master: bool) -> str:
+    """ ", epoch 3, in-sync 1,2,3" for a controller-mode broker ("" otherwise)."""
+    epoch = info.get("controllerEpoch")
+    if epoch is None:
+        return ""
+    in_sync = f", in-sync {info.get('syncStateSet') or _NONE}" if master else ""
+    return f", epoch {epoch}{in_sync}"
+
+
 def _master_state(info: Mapping[str, str]) -> str:
     count = info.get("haSlaveCount")
-    return _NONE if count is None else f"{count} slave(s)"
+    state = _NONE if count is None else f"{count} slave(s)"
+    return state + _controller_state(info, master=True)
 
 
 def _slave_state(info: Mapping[str, str]) -> str:
@@ -111,8 +125,10 @@ def _slave_state(info: Mapping[str, str]) -> str:
     master = info.get("haMasterAddr", "")
     if refused:
         return f"refused by {master or 'master'}: {refused}"
+    if info.get("controllerRole") == "STANDBY":
+        return "standby: waiting for the controller"
     if info.get("haConnected") == "true":
-        return f"following {master}"
+        return f"following {master}" + _controller_state(info, master=False)
     return f"connecting to {master}" if master else "no master known"
 
 

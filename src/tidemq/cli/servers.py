@@ -26,6 +26,7 @@ from typing import Any, Final
 from tidemq.broker.app import BrokerApp
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.config_file import load_broker_config, render_config
+from tidemq.broker.failover import ControlledBroker
 from tidemq.clock import SystemClock
 from tidemq.namesrv.app import NamesrvApp
 from tidemq.namesrv.config import NamesrvConfig
@@ -175,7 +176,10 @@ def run_broker(args: argparse.Namespace) -> int:
         return 0
     _start_process()
     try:
-        asyncio.run(_serve(BrokerApp(config, SystemClock())))
+        if config.enable_controller_mode:  # the controller decides the role (broker/failover.py)
+            asyncio.run(_serve(ControlledBroker(config, SystemClock())))
+        else:
+            asyncio.run(_serve(BrokerApp(config, SystemClock())))
     except StoreLockedError as exc:  # another broker owns the store: one line, nothing touched
         print(f"tidemq broker: {exc}", file=sys.stderr)
         return 1

@@ -29,6 +29,7 @@ from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import (
     ClusterInfo,
     ConsumeStats,
+    KVTable,
     MessageQueue,
     OffsetWrapper,
     TopicList,
@@ -200,6 +201,14 @@ class Admin:
         namesrv_header = DeleteTopicRequestHeader(topic=topic, cluster_name=cluster)
         await self._namesrv(RequestCode.DELETE_TOPIC_IN_NAMESRV, namesrv_header.to_fields())
         self._instance.routes.forget(topic)
+
+    async def broker_runtime_info(self, addr: str) -> dict[str, str]:
+        """GET_BROKER_RUNTIME_INFO of the broker at `addr`: its key → value table (role,
+        offsets, replication and, in controller mode, epoch and in-sync set)."""
+        response = _checked(
+            await self._broker(addr, RemotingCommand(code=RequestCode.GET_BROKER_RUNTIME_INFO))
+        )
+        return KVTable.from_json(response.body).table
 
     async def topic_stats(self, topic: str) -> TopicStatsTable:
         """Min/max offset and last update time of every queue of `topic`, all brokers merged."""

@@ -28,19 +28,15 @@ out of consumer lists. So besides the 30 s round the instance heartbeats:
 - after a broker's connection closed: again with backoff (REHEARTBEAT_DELAY_MS_MIN doubling to
   REHEARTBEAT_DELAY_MS_MAX) until it answers, for at most one heartbeat interval (then the
   regular round covers a broker that is gone for good); once it answers, the routes are
-  refreshed soon, and with back-off until they list it (client/rejoin.py: the name servers may
-  have dropped it, and a consumer's reads return to a master only once a route lists it).
+  refreshed soon, and with back-off until they list it (client/rejoin.py); while it does not
+  (or no master is listed), they are refreshed once a second (silent_refresh.py: failover).
 
-Brokers know a client by its id: they list it in GET_CONSUMER_LIST_BY_GROUP (so rebalance splits
-queues between ids) and address transaction check-backs to its connection. Two consumers in one
-process that must split a group's queues therefore need two instances (different instance names);
-that is the default, since every Producer and PushConsumer makes its own instance unless one is
-passed in (`instance=`). There are no globals.
+Brokers know a client by its id (consumer lists, check-backs). Two consumers in one process that
+must split a group's queues need two instances (different instance names): the default, since
+every Producer and PushConsumer makes its own unless one is passed in. There are no globals.
 
-Server-initiated requests arriving on the instance's connections:
-- NOTIFY_CONSUMER_IDS_CHANGED (40): the named group's consumers rebalance now;
-- CHECK_TRANSACTION_STATE (39): handed to the producer registered for the message's PGROUP
-  (`ProducerMember.on_check_transaction_state`, the seam the transactional producer fills).
+Server-initiated requests: NOTIFY_CONSUMER_IDS_CHANGED (40), the named group's consumers
+rebalance now; CHECK_TRANSACTION_STATE (39), handed to the producer of the message's PGROUP.
 """
 
 from __future__ import annotations
@@ -88,6 +84,7 @@ from .message import MessageExt
 from .read_route import ReadRouter
 from .rejoin import RejoinRefresh
 from .route_cache import ROUTE_REFRESH_INTERVAL_MS, RouteCache
+from .silent_refresh import SilentBrokerRefresh
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +195,7 @@ class ClientInstance:
         self.remoting = RemotingClient(handlers, clock=self.clock)
         self.reads = ReadRouter(self.routes, self.clock, self.probe_address)
         self._rejoin = RejoinRefresh(self.refresh_routes, self._lists, self._spawn)
+        self._silent = SilentBrokerRefresh(self.refresh_routes, self._spawn)
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._started = False
@@ -450,14 +448,22 @@ class ClientInstance:
     async def probe_broker(self, broker_name: str, timeout_ms: float) -> None:
         """A heartbeat to `broker_name`'s master: the producer's fault probe (fault_probe.py).
 
-        A broker that answers after failing may have been dropped from the routes meanwhile
-        (the name servers drop a broker whose connection closed): the routes are refreshed
-        soon, and until they list it again (client/rejoin.py), not at the next 30 s round.
+        Routes are refreshed until they list a broker answering again (client/rejoin.py),
+        and soon when a master does not answer or none is listed (it may have moved).
 
         Raises:
             ClientError: no address known or no answer; BrokerError: an error answer.
         """
-        await self.probe_address(self.master_address(broker_name), timeout_ms)
+        try:
+            addr = self.master_address(broker_name)
+        except NoRouteError:
+            self.suspect_routes(broker_name)
+            raise
+        await self.probe_address(addr, timeout_ms)
+
+    def suspect_routes(self, what: str) -> None:
+        """A silent master or none listed: refresh the routes soon (silent_refresh.py)."""
+        self._silent.silent(what)
 
     async def probe_address(self, addr: str, timeout_ms: float) -> None:
         """A heartbeat to `addr`, then a route refresh shortly after (as `probe_broker`): the
@@ -466,7 +472,11 @@ class ClientInstance:
         Raises:
             ClientError: no answer; BrokerError: an error answer.
         """
-        await self.heartbeat_to(addr, timeout_ms)
+        try:
+            await self.heartbeat_to(addr, timeout_ms)
+        except ClientError:
+            self.suspect_routes(addr)
+            raise
         self._rejoin.answered(addr)
 
     def _lists(self, addr: str) -> bool:
@@ -494,6 +504,8 @@ class ClientInstance:
                     await self.heartbeat_to(addr, self.request_timeout_ms)
                 except (ClientError, BrokerError) as exc:
                     logger.debug("%s: heartbeat to %s again: %s", self.client_id, addr, exc)
+                    if isinstance(exc, ClientError):  # gone: its group's master may move
+                        self.suspect_routes(addr)
                     delay_ms = min(delay_ms * 2, REHEARTBEAT_DELAY_MS_MAX)
                     continue
                 logger.info("%s: broker %s answers heartbeats again", self.client_id, addr)

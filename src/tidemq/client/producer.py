@@ -49,6 +49,7 @@ from tidemq.errors import (
     BrokerError,
     ClientClosedError,
     ClientError,
+    NoRouteError,
     RequestTimeoutError,
 )
 from tidemq.limits import MESSAGE_BODY_SIZE_MAX, SEND_TIMEOUT_MS_DEFAULT
@@ -203,7 +204,11 @@ class Producer(RetryingSends):
                     raise
                 default = await self._instance.route(pm.TBW102)
                 return self._publish_infos.of_default(topic, default, now)
-        return self._publish_infos.of_route(topic, route)
+        try:
+            return self._publish_infos.of_route(topic, route)
+        except NoRouteError:
+            self._instance.suspect_routes(topic)  # no master listed: one may be on its way
+            raise
 
     def _next_index(self, topic: str) -> int:
         # Start each topic at a random queue so many producers do not all begin on queue 0.

@@ -11,6 +11,14 @@
 A get reads at most GET_SCAN_ENTRIES_MAX entries, so a filter that matches nothing costs a
 bounded scan; the next offset then points after them. `offset_by_time` searches the queue by
 store time for SEARCH_OFFSET_BY_TIMESTAMP.
+
+`phys_limit` (a controller-mode master's confirm offset, issue 14): a record that does not end
+at or below it is not on every replica yet, so the get stops before it. If it is the first
+entry, the queue looks as if it ended at `offset` (OFFSET_OVERFLOW_ONE, max offset `offset`): the
+pull is held like one at the queue's end and nothing in the answer moves the consumer.
+
+    entries  | i | i+1 | i+2 |  i+3 ...        phys + size of i+2 > phys_limit
+    served   | i | i+1 |                      next offset i+2, max offset i+2
 """
 
 from __future__ import annotations
@@ -40,8 +48,10 @@ def get_messages(
     max_bytes: int,
     tag_codes: frozenset[int] | None,
     message_filter: Callable[[rec.StoredMessage], bool] | None,
+    phys_limit: int | None = None,
 ) -> GetResult:
-    """FileMessageStore.get_messages for the queue `cq`."""
+    """FileMessageStore.get_messages for the queue `cq`; records ending past `phys_limit`
+    (None: no limit) are not served (module doc)."""
     lo, hi = cq.min_offset, cq.max_offset
     if hi == 0:
         return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
@@ -57,8 +67,15 @@ def get_messages(
     next_offset = offset
     removing = False
     log_min = log.min_offset
+    if phys_limit is not None and phys_limit >= log.max_offset:
+        phys_limit = None  # everything is visible: the loop pays one identity test per entry
     for index, phys, size, tags in cq.entries(offset, GET_SCAN_ENTRIES_MAX):
         if len(records) >= max_count or (records and total + size > max_bytes):
+            break
+        if phys_limit is not None and phys + size > phys_limit:
+            if index == offset:
+                return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, offset)
+            hi = index  # the queue as visible ends here
             break
         next_offset = index + 1
         if phys < log_min:

@@ -11,6 +11,8 @@
                                                    (lock.py: one broker per store)
       abort                                        exists while running: its presence at start
                                                    means the last stop was not clean
+      epochs, truncate                             controller mode: epoch history (epochs.py),
+                                                   an unfinished cut, redone at start (truncate.py)
 
 One thread (the broker's event loop) calls put/get; a flush thread calls `flush()`. A put
 appends the record and dispatches it at once (consume-queue entry, index entries, listeners;
@@ -39,7 +41,7 @@ from tidemq.errors import StoreError
 from tidemq.limits import PULL_BYTES_MAX
 from tidemq.protocol import message as props
 from tidemq.protocol import record as rec
-from tidemq.store import append, get, put, queue_manifest, replica
+from tidemq.store import append, get, put, queue_manifest, replica, truncate
 from tidemq.store import dispatch as dsp
 from tidemq.store.checkpoint import Checkpoint, CheckpointFile, read_checkpoint
 from tidemq.store.commit_log import CommitLog
@@ -146,6 +148,7 @@ class FileMessageStore:
             raise
 
     def _start_locked(self, root: Path) -> None:
+        truncate.redo_pending(root, self.config)  # first: it also leaves `abort` (a crash start)
         clean_stop = not self._abort_path.exists()
         checkpoint = read_checkpoint(root / "checkpoint")
         self._log.load()
@@ -427,12 +430,15 @@ class FileMessageStore:
         max_bytes: int = PULL_BYTES_MAX,
         tag_codes: frozenset[int] | None = None,
         message_filter: Callable[[rec.StoredMessage], bool] | None = None,
+        phys_limit: int | None = None,
     ) -> GetResult:
+        """Up to `max_count` records of the queue from `offset` (store/get.py); with
+        `phys_limit`, none that ends past that log offset."""
         cq = self._queues.get((topic, queue_id))
         if cq is None:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE)
         return get.get_messages(
-            cq, self._log, offset, max_count, max_bytes, tag_codes, message_filter
+            cq, self._log, offset, max_count, max_bytes, tag_codes, message_filter, phys_limit
         )
 
     def min_offset(self, topic: str, queue_id: int) -> int:

@@ -235,7 +235,7 @@ def _set_flags(settings: Mapping[str, str]) -> list[str]:
     return [word for key, value in settings.items() for word in ("--set", f"{key}={value}")]
 
 
-def _namesrv_process(root: Path, index: int, log_level: str) -> ServerProcess:
+def namesrv_process(root: Path, index: int, log_level: str) -> ServerProcess:
     """Name server `namesrv-<index>` on a free port, its data and log under `root`."""
     port = free_port()
     return ServerProcess(
@@ -259,7 +259,7 @@ def group_name(index: int) -> str:
     return f"broker-{chr(ord('a') + index)}"
 
 
-def _broker_process(
+def broker_process(
     root: Path,
     name: str,
     broker_name: str,
@@ -304,9 +304,9 @@ def _group_processes(
 ) -> tuple[ServerProcess, list[ServerProcess]]:
     """Group `index`'s master and its `slaves` slaves (brokerId 1..slaves)."""
     name = group_name(index)
-    master = _broker_process(root, name, name, namesrv_addr, settings, log_level)
+    master = broker_process(root, name, name, namesrv_addr, settings, log_level)
     followers = [
-        _broker_process(
+        broker_process(
             root,
             f"{name}-s{broker_id}",
             name,
@@ -341,7 +341,7 @@ async def process_cluster(
     is stopped with SIGTERM (SIGKILL if it does not stop in time), slaves first.
     """
     cluster = ProcessCluster(root=root)
-    cluster.namesrvs.extend(_namesrv_process(root, index, log_level) for index in range(namesrvs))
+    cluster.namesrvs.extend(namesrv_process(root, index, log_level) for index in range(namesrvs))
     settings = {"brokerIP1": "127.0.0.1", **TEST_BROKER_SETTINGS, **(broker_settings or {})}
     if slaves or ha_secret is not None:
         cluster.ha_secret = ha_secret if ha_secret is not None else secrets.token_hex(16)

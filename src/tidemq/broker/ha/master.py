@@ -32,6 +32,12 @@ dropped link stops counting at once, not when its connection_lost runs);
 SLAVE_NOT_AVAILABLE at once when no slave streams or the best is more than
 max_gap_not_in_sync behind end; FLUSH_SLAVE_TIMEOUT after sync_timeout_ms. A waiter left at
 stop() gets SLAVE_NOT_AVAILABLE.
+
+Controller mode (`set_sync_set`, in_sync.py): SUCCESS once every other member of the sync set,
+and every slave JOINING it, has a streaming link that reported >= end (the master alone: at
+once); no SLAVE_NOT_AVAILABLE shortcut, a missing member is waited for until the set shrinks
+(re-evaluated at once) or the timeout. `confirm_offset` (what pulls may see) goes to its
+listeners as it advances; `lagging` and `caught_up` tell the controller whom to drop or add.
 """
 
 from __future__ import annotations
@@ -40,12 +46,12 @@ import asyncio
 import logging
 import secrets
 import threading
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, Protocol, cast
 
 from tidemq.broker.ha.acks import AckCallback, AckWaiters, call_back
+from tidemq.broker.ha.in_sync import ConfirmListeners, InSync, best_acks
+from tidemq.broker.ha.lag import LagSamples, SlaveInfo
 from tidemq.broker.ha.settings import HASettings, window_bytes
 from tidemq.broker.service import wait_woken
 from tidemq.clock import Clock
@@ -68,9 +74,6 @@ SLAVES_MAX: Final = 16
 SEND_BURST_BYTES: Final = 1 * MIB
 # The transport's buffer a sender fills before waiting (asyncio's default 64 KiB is two frames).
 WRITE_BUFFER_HIGH_BYTES: Final = 1 * MIB
-# Lag samples: (log end, time) at most one per interval, the oldest dropped past the count.
-LAG_SAMPLE_INTERVAL_MS: Final = 10
-LAG_SAMPLES_MAX: Final = 4096
 
 
 class ReplicaSource(Protocol):
@@ -87,16 +90,6 @@ class ReplicaSource(Protocol):
     def bytes_before(self, end: int, size_max: int) -> bytes: ...
 
     def add_append_listener(self, fn: Callable[[int], None]) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SlaveInfo:
-    addr: str
-    broker_id: int
-    acked_offset: int
-    lag_bytes: int
-    lag_ms: int
-    connected_since_ms: int  # wall clock
 
 
 class HAMaster:
@@ -126,10 +119,13 @@ class HAMaster:
         self._tasks: set[asyncio.Task[None]] = set()  # every sender until it has finished
         self._waiters = AckWaiters(settings.sync_timeout_ms)
         self._log_limit = LogLimit(log, clock)
-        self._lag_samples: deque[tuple[int, float]] = deque(maxlen=LAG_SAMPLES_MAX)
+        self._lag_samples = LagSamples()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._listening = False
+        self._in_sync: InSync | None = None  # controller mode only
+        self._confirm_listeners = ConfirmListeners()
+        self._join_timer: asyncio.TimerHandle | None = None  # the oldest joiner's time is up
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -167,6 +163,7 @@ class HAMaster:
         await asyncio.gather(*tasks, *(link.lost for link in links), return_exceptions=True)
         await server.wait_closed()
         self._links.clear()
+        self._arm_join_timer(None)
         self._waiters.fail_all(ResponseCode.SLAVE_NOT_AVAILABLE)
         log.info("HA master stopped")
 
@@ -175,6 +172,13 @@ class HAMaster:
     def on_acked(self, end: int, callback: AckCallback) -> None:
         """Call `callback(code)` once a slave acknowledged the log up to `end` (ack rule in the
         module docstring). On the event loop; an exception the callback raises is logged."""
+        if self._in_sync is not None:
+            # Joiners and the confirm told first: a SUCCESS's end is <= it (in_sync.py).
+            if end <= self._in_sync.floor(self._group_changed()):
+                call_back(callback, ResponseCode.SUCCESS)
+            else:
+                self._waiters.add(end, callback)
+            return
         best = self.acked_offset
         if not self._streaming() or end - best > self.settings.max_gap_not_in_sync:
             call_back(callback, ResponseCode.SLAVE_NOT_AVAILABLE)
@@ -198,6 +202,93 @@ class HAMaster:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    # --- controller mode (in_sync.py) -----------------------------------------------------------
+
+    def set_sync_set(self, ids: frozenset[int] | None, self_id: int) -> None:
+        """Acknowledge by the group rule of `ids` (this master is `self_id`); None: the 4.x
+        rule. Waiters a shrink covers are released at once; a joiner left out of `ids` stays
+        JOINING (the controller may still be CASing it in). On the loop."""
+        if ids is None:
+            self._in_sync = None  # and every joiner with it
+            self._arm_join_timer(None)
+            return
+        in_sync = self._in_sync
+        if in_sync is None:
+            in_sync = self._in_sync = InSync(self_id, self.store.max_physical_offset, self.window)
+        acks = self._acks()
+        in_sync.change(ids, self_id, acks, self.clock.monotonic_ms())
+        log.info("HA sync set %s (this master: %d)", sorted(ids), self_id)
+        self._group_changed(acks)
+
+    @property
+    def confirm_offset(self) -> int:
+        """min(the sync set's and the joiners' acked offsets, the log end); pulls see what the
+        listeners were told, which never steps back. Without a sync set: the log end."""
+        end = self.store.max_physical_offset
+        if self._in_sync is None:
+            return end
+        return self._in_sync.confirm(self._acks(), end)
+
+    def add_confirm_listener(self, fn: Callable[[int], None]) -> None:
+        """Call `fn(confirm_offset)` on the loop each time it advances, and at once if it did
+        before (controller mode)."""
+        self._confirm_listeners.add(fn)
+
+    def lagging(self, max_ms: float) -> frozenset[int]:
+        """Sync set members (not this master) that have not had the whole log at any moment
+        of the last `max_ms` (haMaxTimeSlaveNotCatchup): the controller drops them. `max_ms`
+        is also the longest a replica stays JOINING without entering the set."""
+        if self._in_sync is None:
+            return frozenset()
+        now_ms, end = self.clock.monotonic_ms(), self.store.max_physical_offset
+        late = self._in_sync.lagging(self._acks(), end, max_ms, now_ms)
+        self._arm_join_timer(self._in_sync.join_due_ms(now_ms))  # max_ms may have changed
+        return late
+
+    def caught_up(self) -> frozenset[int]:
+        """JOINING replicas that hold every acknowledged message: the controller may CAS them
+        into syncSet, then name them in `set_sync_set`."""
+        if self._in_sync is None:
+            return frozenset()
+        return self._in_sync.caught_up(self._group_changed())
+
+    def _acks(self) -> dict[int, int]:
+        """Replica id → the best acked offset of its streaming links."""
+        return best_acks((link.broker_id, link.session.acked) for link in self._streaming())
+
+    def _group_changed(self, acks: dict[int, int] | None = None) -> dict[int, int]:
+        """Drop and admit joiners, release what the group rule now covers, tell the confirm
+        listeners if it advanced; returns the acks. Joiners are admitted before the release:
+        what is released from then on waited for them."""
+        in_sync = self._in_sync
+        assert in_sync is not None
+        acks = self._acks() if acks is None else acks
+        now_ms, end = self.clock.monotonic_ms(), self.store.max_physical_offset
+        in_sync.prune(acks, end, now_ms)
+        in_sync.join(acks, end, self._confirm_listeners.confirmed, now_ms)
+        self._waiters.release(in_sync.floor(acks))
+        self._confirm_listeners.advance(in_sync.confirm(acks, end))
+        self._arm_join_timer(in_sync.join_due_ms(now_ms))
+        return acks
+
+    def _arm_join_timer(self, due_ms: float | None) -> None:
+        """Wake in `due_ms` to drop a joiner whose time is up even if nothing else happens
+        (None: no timer). A timer due as early (within 1 ms) is kept: one per deadline."""
+        timer, loop = self._join_timer, self._loop
+        if loop is None:  # not started: no link, so no joiner
+            return
+        when = None if due_ms is None else loop.time() + max(due_ms, 0) / 1000
+        if timer is not None:
+            if when is not None and timer.when() <= when + 0.001:
+                return
+            timer.cancel()
+        self._join_timer = None if when is None else loop.call_at(when, self._join_time_up)
+
+    def _join_time_up(self) -> None:
+        self._join_timer = None
+        if self._in_sync is not None:
+            self._group_changed()
+
     @property
     def acked_offset(self) -> int:
         """The highest offset a streaming slave acknowledged (0: none)."""
@@ -211,32 +302,15 @@ class HAMaster:
     def slaves(self) -> list[SlaveInfo]:
         now_ms = self.clock.monotonic_ms()
         end = self.store.max_physical_offset
+        links = sorted(self._streaming(), key=lambda link: link.connected_since_ms)
         return [
-            SlaveInfo(
-                addr=link.addr,
-                broker_id=link.broker_id,
-                acked_offset=link.session.acked,
-                lag_bytes=max(0, end - link.session.acked),
-                lag_ms=int(self._lag_ms(link, end, now_ms)),
-                connected_since_ms=link.connected_since_ms,
-            )
-            for link in sorted(self._streaming(), key=lambda link: link.connected_since_ms)
+            self._lag_samples.slave_info(link, link.session.acked, end, now_ms) for link in links
         ]
 
     def _streaming(self) -> list[_Link]:
         # A dropped link stays in _links until connection_lost runs (a loop turn later): it
         # must not count as a slave for acks meanwhile.
         return [link for link in self._links if link.streaming and not link.closed]
-
-    def _lag_ms(self, link: _Link, end: int, now_ms: float) -> float:
-        """How long the first byte the slave lacks has been in the log (0: it lacks none)."""
-        acked = link.session.acked
-        if acked >= end:
-            return 0.0
-        for sample_end, sample_ms in self._lag_samples:
-            if sample_end > acked:
-                return max(0.0, now_ms - sample_ms)
-        return now_ms - link.streaming_since_ms  # appended before this master started
 
     # --- events from links and the store --------------------------------------------------------
 
@@ -249,22 +323,23 @@ class HAMaster:
             self._loop.call_soon_threadsafe(self._on_append, end)
             return
         now_ms = self.clock.monotonic_ms()
-        samples = self._lag_samples
-        if samples and now_ms - samples[-1][1] < LAG_SAMPLE_INTERVAL_MS:
-            samples[-1] = (end, samples[-1][1])  # lag_ms errs at most one interval high
-        else:
-            samples.append((end, now_ms))
+        self._lag_samples.appended(end, now_ms)
         for link in self._links:
             link.wake.set()
+        if self._in_sync is not None:
+            acks = self._acks()
+            self._in_sync.appended(acks, end, now_ms)
+            self._group_changed(acks)
 
     def _on_report(self, link: _Link) -> None:
         link.wake.set()  # the window moved
-        acked = self.acked_offset
-        self._waiters.release(acked)
-        samples = self._lag_samples
+        if self._in_sync is not None:
+            self._in_sync.reported(link.broker_id, link.session.acked, self.clock.monotonic_ms())
+            self._group_changed(self._acks())
+        else:
+            self._waiters.release(self.acked_offset)
         slowest = min((other.session.acked for other in self._streaming()), default=0)
-        while len(samples) > 1 and samples[0][0] <= slowest:
-            samples.popleft()
+        self._lag_samples.trim(slowest)
 
     def _admit(self, link: _Link) -> bool:
         """Take a new connection in; with PENDING_CONNECTIONS_MAX handshakes pending, the
@@ -308,6 +383,8 @@ class HAMaster:
             link.close()
             return
         link.start_streaming(auth.broker_id, start)
+        if self._in_sync is not None:  # its AUTH's offset may already cover waiters
+            self._on_report(link)
         log.info(
             "HA slave %s (brokerId %d) follows from offset %d (its end %d, ours %d)",
             link.addr,
@@ -319,6 +396,10 @@ class HAMaster:
 
     def _on_lost(self, link: _Link) -> None:
         self._links.pop(link, None)
+        if link.streaming and self._in_sync is not None:
+            self._in_sync.lost(link.broker_id, link.session.acked, self.clock.monotonic_ms())
+            if self._server is not None:  # a joiner gone must not hold acks back
+                self._group_changed()
         if link.streaming:
             log.info("HA slave %s (brokerId %d) disconnected", link.addr, link.broker_id)
 

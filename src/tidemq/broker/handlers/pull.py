@@ -43,6 +43,11 @@ suggestWhichBrokerId (replication, RocketMQ 4.x's rule):
       one starts more than accessMessageInMemoryMaxRatio %    Slowly (1): such reads miss the page
       of physical memory before the log's end                 cache and compete with the writes
     master, slaveReadEnable on, otherwise                   the group's brokerId (0)
+
+A controller-mode master (issue 14) serves only records that end at or below `visible_end()`,
+its confirm offset (every replica of the sync set has them): a pull at a record beyond it is
+answered like one at the queue's end (19, held; store/get.py), and the VisibilityGate
+(broker/visibility.py) wakes it once the confirm offset covers the record.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -147,7 +153,11 @@ class PullHandler:
         offsets: ConsumerOffsetTable,
         clients: ClientRegistry,
         hold: PullHoldService,
+        *,
+        visible_end: Callable[[], int] | None = None,
     ) -> None:
+        """`visible_end`: the log offset records must end at or below to be served (None:
+        every record; the module doc)."""
         self._config = config
         self._store = store
         self._topics = topics
@@ -155,6 +165,7 @@ class PullHandler:
         self._offsets = offsets
         self._clients = clients
         self._hold = hold
+        self._visible_end = visible_end
         self._slave_read_lag = slave_read_lag_bytes(config, physical_memory_bytes())
 
     def register(self, table: HandlerTable) -> None:
@@ -280,6 +291,7 @@ class PullHandler:
     ) -> _Evaluation:
         count = max(1, min(header.max_msg_nums, PULL_MESSAGE_COUNT_MAX))
         predicate = tag_filter.predicate
+        visible_end = self._visible_end
         result = self._store.get_messages(
             header.topic,
             header.queue_id,
@@ -287,6 +299,7 @@ class PullHandler:
             count,
             tag_codes=tag_filter.codes,
             message_filter=predicate.matches_record if predicate is not None else None,
+            phys_limit=visible_end() if visible_end is not None else None,
         )
         code = pull_response_code(result.status, header.queue_offset)
         if code == _MOVED and self._config.is_slave and result.status in _AHEAD_OF_SLAVE:
