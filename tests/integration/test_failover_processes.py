@@ -58,6 +58,27 @@ async def _in_sync(group: ControlledGroup, size: int) -> ServerProcess:
     return master
 
 
+async def _identical_logs(group: ControlledGroup) -> None:
+    """Every replica reaches the same log end, then their commit logs are byte-identical: a
+    returning master kept nothing the group did not acknowledge (truncation), and the others
+    copied the rest."""
+
+    async def same_end() -> bool:
+        ends = {
+            (await _runtime(group, replica.address)).get("commitLogMaxOffset")
+            for replica in group.replicas
+        }
+        return len(ends) == 1 and None not in ends
+
+    await eventually_async(same_end, SETTLE_S, what="every replica at one log end")
+    logs = []
+    for replica in group.replicas:
+        assert replica.store_dir is not None
+        files = sorted((replica.store_dir / "commitlog").iterdir())
+        logs.append({path.name: path.read_bytes() for path in files})
+    assert logs[0] == logs[1] == logs[2]
+
+
 async def _topic(group: ControlledGroup, master: ServerProcess) -> None:
     async with Admin(group.namesrv_addr) as admin:
         await admin.create_topic(
@@ -123,6 +144,7 @@ async def test_kill_master_loses_no_acknowledged_message(tmp_path: Path) -> None
         await master.start()  # the old master returns: it must follow, not lead
         await _in_sync(group, 3)
         assert await group.published_master() is successor
+        await _identical_logs(group)
         assert not (sender.acked - await pull_bodies(group.namesrv_addr, TOPIC, "CG-2"))
 
 
@@ -184,5 +206,6 @@ async def test_paused_master_steps_down_after_its_lease(tmp_path: Path) -> None:
             await eventually_async(follows, SETTLE_S, what="the old master following")
             await sender.until_acked(100, SETTLE_S)
         assert await group.published_master() is successor
+        await _identical_logs(group)
         read = await pull_bodies(group.namesrv_addr, TOPIC, "CG-pause")
         assert not sender.acked - read
