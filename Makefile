@@ -63,7 +63,13 @@ typecheck: $(TEST_STAMP)
 	$(VENV)/bin/mypy
 
 unit: $(TEST_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not compat and not integration and not spark"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not compat and not integration and not spark and not chaos and not etcd"
+
+## chaos: the chaos suite's long run (~17 min, as root: network namespaces): 100 seeded fault steps
+## on a controller-mode group with etcd; prints one table, exits non-zero on any loss
+chaos: $(TEST_STAMP) etcd
+	$(PY) -m tidemq.testing.chaos --seed $(or $(SEED),1) --faults $(or $(FAULTS),100) \
+		--run-dir $(or $(CHAOS_DIR),/tmp/tidemq-chaos/$(shell date -u +%Y%m%dT%H%M%S))
 
 BENCH_STAMP := $(VENV)/.bench-installed
 

@@ -6,7 +6,8 @@
     ─▶ SYNC_FLUSH / SYNC_MASTER: await durability (durability.py) ─▶ response header
     (offsetMsgId, queueId, queueOffset)
 
-On a SLAVE every send is refused with SLAVE_NOT_AVAILABLE (its log is its master's copy): the
+On a SLAVE every send is refused with SERVICE_NOT_AVAILABLE (its log is its master's copy; as
+upstream's put on a slave: SLAVE_NOT_AVAILABLE is a send *status*, promising a msgId): the
 check is part of `_check`, which a send to an already checked topic skips, so it costs the
 master's hot path nothing; a slave never fills that cache.
 
@@ -249,7 +250,7 @@ class SendHandler:
     def _check(self, connection: Connection, header: SendMessageRequestHeader) -> TopicConfig:
         if self._config.is_slave:
             raise Refusal(
-                ResponseCode.SLAVE_NOT_AVAILABLE, slave_refusal_remark(self._config.broker_name)
+                ResponseCode.SERVICE_NOT_AVAILABLE, slave_refusal_remark(self._config.broker_name)
             )
         if not Perm.is_writable(self._config.broker_permission):
             raise Refusal(

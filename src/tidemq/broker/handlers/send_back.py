@@ -9,7 +9,7 @@
        msgId; RECONSUME_TIME = the new count ─▶ parked by the DelayRouter ─▶ stored
     ─▶ durability (flush, SYNC_MASTER ack: durability.py) ─▶ 0 or its error code
 
-A slave refuses with SLAVE_NOT_AVAILABLE (the client then sends the message to the retry topic
+A slave refuses with SERVICE_NOT_AVAILABLE (the client then sends the message to the retry topic
 through its producer, which writes to a master).
 
 `max` is the header's maxReconsumeTimes when present (ali-ons and Java send it), else the group's
@@ -156,7 +156,7 @@ class SendBackHandler:
         validate_group(group_name)  # send-back may create the group: only legal names
         if self._config.is_slave:
             raise Refusal(
-                ResponseCode.SLAVE_NOT_AVAILABLE, slave_refusal_remark(self._config.broker_name)
+                ResponseCode.SERVICE_NOT_AVAILABLE, slave_refusal_remark(self._config.broker_name)
             )
         if not Perm.is_writable(self._config.broker_permission):
             raise Refusal(
