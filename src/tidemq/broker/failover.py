@@ -85,6 +85,7 @@ class ControlledBroker:
         )
         # Role changes one at a time: the member's calls may overlap a stop.
         self._switching = asyncio.Lock()
+        self._stopping = False  # once set, the member's calls change nothing
         self._replicating = False
         self._last_max = 0
         self._state: GroupState | None = None  # the last state a role change came from
@@ -101,6 +102,7 @@ class ControlledBroker:
         """Stop serving first (a master answers what it took, unregisters), then leave the
         group: the lease's revocation lets a successor be elected at once."""
         async with self._switching:
+            self._stopping = True
             await self._stop_app()
             self.role = "STOPPED"
         await self.member.stop()
@@ -136,6 +138,8 @@ class ControlledBroker:
     async def become_master(self, state: GroupState) -> None:
         """The CAS made this replica master of `state.epoch`: restart as its master."""
         async with self._switching:
+            if self._stopping:
+                return
             start = state.epochs[-1][1]
             end = self.max_offset()
             if end != start:
@@ -159,6 +163,8 @@ class ControlledBroker:
         """Follow the master `state` names; cut this log back first if it went past the
         point where that master's history parts from it."""
         async with self._switching:
+            if self._stopping:
+                return
             master = (state.master_addr, state.master_ha_addr)
             self._state, self._sync_set = state, state.sync_set
             end = self.max_offset()
@@ -199,7 +205,7 @@ class ControlledBroker:
         wait as a STANDBY until the member names the master to follow."""
         async with self._switching:
             log.warning("replica %d steps down: %s", self.replica_id, reason)
-            if self.role != "STANDBY":
+            if self.role != "STANDBY" and not self._stopping:
                 await self._stop_app()
                 await self._run_app("STANDBY", None)
 
@@ -263,8 +269,10 @@ class ControlledBroker:
         )
 
     async def _run_app(self, role: str, master: tuple[str, str] | None) -> None:
+        # The fence: the member acts as master on a lease that still holds (it is not yet
+        # MASTER while this app starts, so the first sends may be refused for a moment).
         controlled = ControlledRole(
-            self.replica_id, self._lease.valid, master, fields=self.runtime_fields
+            self.replica_id, self.member.may_acknowledge, master, fields=self.runtime_fields
         )
         app = BrokerApp(
             self._role_config(role),
