@@ -126,12 +126,20 @@ class ControlledBroker:
             self._last_max = app.store.max_physical_offset
         return self._last_max
 
+    def last_epoch(self) -> int:
+        """The last epoch whose data this log holds (0: none yet; store/epochs.py)."""
+        return self.epochs.last_epoch
+
     async def stop_replicating(self) -> int:
-        """Before a candidacy: no more log from the old master, so the log end is final."""
+        """Before a candidacy: no more log and no more metadata from the old master, so the log
+        end is final and no offset copied later can point past it."""
         async with self._switching:
             app = self.app
-            if app is not None and app.replication.slave is not None:
-                await app.replication.slave.stop()
+            if app is not None:
+                if app.replication.sync is not None:
+                    await app.replication.sync.stop()
+                if app.replication.slave is not None:
+                    await app.replication.slave.stop()
                 self._replicating = False
             return self.max_offset()
 
@@ -171,6 +179,7 @@ class ControlledBroker:
             point = truncation_point(self.epochs.last_epoch or None, state.epochs, end)
             app = self.app
             if point is None and self.role == "SLAVE" and self._replicating and app is not None:
+                self._note_epoch(state)
                 app.replication.pin_master(*master)
             else:
                 await self._stop_app()
@@ -190,8 +199,10 @@ class ControlledBroker:
                     )
                     self._last_max = point
                     self.epochs = EpochFile(self.epochs.path)  # the cut rewrote it
+                # Before the first byte of this epoch arrives: a replica stands for election
+                # only with the current epoch recorded (controller/member.py).
+                self._note_epoch(state)
                 await self._run_app("SLAVE", master)
-            self._note_epoch(state)
             log.info(
                 "replica %d follows master %d (%s) of epoch %d",
                 self.replica_id,

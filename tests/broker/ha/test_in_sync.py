@@ -254,6 +254,19 @@ def test_a_joiner_is_dropped(acks: dict[int, int], now_ms: float, dropped: bool)
         assert in_sync.floor(acks) == acks[2]
 
 
+def test_a_dropped_joiner_rejoins_only_past_its_drop_or_holding_the_whole_log() -> None:
+    in_sync = InSync(0, 9_500, join_gap=1_000)
+    in_sync.change(frozenset({0}), 0, {}, now_ms=0)
+    in_sync.lagging({}, 9_500, 3_000, now_ms=0)
+    in_sync.join({2: 9_000}, 9_500, confirmed=9_000, now_ms=0)
+    in_sync.prune({2: 9_000}, 9_500, now_ms=3_000)  # its CAS never came: dropped at 9_000
+    assert in_sync.joining == {}
+    in_sync.join({2: 9_000}, 9_500, confirmed=9_000, now_ms=3_001)
+    assert in_sync.joining == {}  # stuck where it was dropped: it would hold acks again
+    in_sync.join({2: 9_000}, 9_000, confirmed=9_000, now_ms=3_002)
+    assert set(in_sync.joining) == {2}  # an idle log it holds whole: it may join again
+
+
 def test_no_replica_is_offered_without_every_acknowledged_message() -> None:
     """Random reports, appends, reconnects (a slave that comes back lower), set changes and
     lost CASes, driven in HAMaster's order (prune, join, release on the floor, confirm): each

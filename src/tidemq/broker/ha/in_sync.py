@@ -190,11 +190,13 @@ class InSync:
         """Streaming replicas outside the set within `join_gap` of `log_end` start JOINING.
         `confirmed`: the highest confirm offset told (ConfirmListeners.confirmed), which every
         acknowledged end is at or below. Call it before releasing waiters on `floor`. One
-        dropped before joins again only once it has reported past what it had then."""
+        dropped before joins again only once it has reported past what it had then, or holds
+        the whole log (an idle group must regain its set after, say, an etcd outage)."""
         for replica, acked in acks.items():
             if replica in self.others or replica == self.self_id or replica in self.joining:
                 continue
-            if log_end - acked <= self.join_gap and acked > self._left.get(replica, ABSENT - 1):
+            moved_on = acked > self._left.get(replica, ABSENT - 1) or acked >= log_end
+            if log_end - acked <= self.join_gap and moved_on:
                 self.joining[replica] = Joiner(confirmed, now_ms)
                 self._left.pop(replica, None)
                 log.info(
