@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.test-installed
 JS_DIR := tests/compat/js
 JS_STAMP := $(JS_DIR)/node_modules/.installed
 
-.PHONY: run test check lint typecheck unit bench bench-deps clean java etcd chaos
+.PHONY: run test check lint typecheck unit bench bench-deps bench-failover clean java etcd chaos
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,11 @@ BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[bench]'
 	touch $@ $(RUN_STAMP)
+
+## bench-failover: failover time over 20 kill -9s of the master, and controller mode's produce
+## cost against one SYNC_FLUSH broker (~3 min, needs etcd)
+bench-failover: $(BENCH_STAMP) etcd
+	$(PY) benchmarks/bench_failover.py all --failovers $(or $(FAILOVERS),20) --runs $(or $(RUNS),3)
 
 ## bench-deps: the peer brokers (Debian packages) and their Python clients, for `make bench`
 bench-deps: $(BENCH_STAMP)
