@@ -184,6 +184,7 @@ class BrokerApp:
             groups=self.groups,
             offsets=self.offsets,
             schedule=self.schedule,
+            timer=self.timer,
             controlled=self.controlled,
         )
 
@@ -416,7 +417,11 @@ class BrokerApp:
             visible_end=self._visible_end(),
         ).register(table)
         OffsetHandlers(
-            self.store, self.offsets, self.topics, is_slave=self.config.is_slave
+            self.store,
+            self.offsets,
+            self.topics,
+            is_slave=self.config.is_slave,
+            visible_end=self._visible_end(),
         ).register(table)
         ClientHandlers(
             self.clock,
@@ -436,6 +441,7 @@ class BrokerApp:
             self.clients,
             groups=self.groups,
             delay_offsets=self.schedule.to_json,
+            timer_progress=self.timer.progress_doc,
             ha_fields=self.replication.runtime_fields,
         ).register(table)
         QueryHandlers(self.store, self.clock).register(table)

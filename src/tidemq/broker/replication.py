@@ -42,6 +42,7 @@ from tidemq.broker.handlers.ha_info import master_fields, slave_fields
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.schedule import ScheduleService
 from tidemq.broker.slave_sync import SlaveSync
+from tidemq.broker.timer import TimerWheel
 from tidemq.broker.topics import TopicTable
 from tidemq.clock import Clock
 from tidemq.remoting.client import RemotingClient
@@ -152,6 +153,7 @@ class Replication:
         groups: SubscriptionGroupTable,
         offsets: ConsumerOffsetTable,
         schedule: ScheduleService,
+        timer: TimerWheel | None = None,
         controlled: ControlledRole | None = None,
     ) -> None:
         self._config = config
@@ -180,13 +182,12 @@ class Replication:
                 schedule,
                 clock,
                 interval_ms=config.slave_sync_interval_ms,
+                timer=timer,
             )
         elif config.ha_secret:
             self.master = HAMaster(
                 store, ha_settings(config), clock, message_size_max=config.max_message_size
             )
-            if controlled is not None:  # until the controller says more: acks need only us
-                self.master.set_sync_set(frozenset({controlled.replica_id}), controlled.replica_id)
 
     async def start(self) -> None:
         """Before the broker serves: the slave's store refuses local writes; the master's HA
@@ -199,6 +200,11 @@ class Replication:
         if controlled is not None and controlled.master is not None:
             self.pin_master(*controlled.master)
         if self.master is not None:
+            if controlled is not None:
+                # Until the controller says more (a new epoch's set is this master alone): acks
+                # need only us, and the confirm offset starts at the recovered log's end, so
+                # the first pulls and offset queries see the whole log, not nothing.
+                self.master.set_sync_set(frozenset({controlled.replica_id}), controlled.replica_id)
             await self.master.start()
         elif not self._config.is_slave:
             log.info("no haSecret: no HA listener, slaves cannot replicate from this broker")

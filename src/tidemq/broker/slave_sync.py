@@ -5,7 +5,9 @@ SlaveSynchronize, every slaveSyncIntervalMs instead of a fixed 10 s).
         GET_ALL_TOPIC_CONFIG (21)              ─▶ TopicTable.replace_all (by data version)
         GET_ALL_CONSUMER_OFFSET (43)           ─▶ ConsumerOffsetTable.copy_from_master (merged
                                                   per queue id, commits made here kept)
-        GET_ALL_DELAY_OFFSET (45)              ─▶ ScheduleService.replace_progress
+        GET_ALL_DELAY_OFFSET (45)              ─▶ ScheduleService.replace_progress, and its
+                                                  "tidemqTimerProgress" key (a TideMQ master's)
+                                                  ─▶ TimerWheel.copy_progress (max per bucket)
         GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201) ─▶ SubscriptionGroupTable.replace_all
     the four requests go out together; each has its own timeout (SLAVE_SYNC_TIMEOUT_MS)
     then, when 43 was copied: UPDATE_CONSUMER_OFFSET (15) to the master for each commit made on
@@ -14,7 +16,10 @@ SlaveSynchronize, every slaveSyncIntervalMs instead of a fixed 10 s).
     master refuses (no such topic or queue there) is dropped
 
 The transaction check-back's progress lives in the consumer offset table (its op queue's
-offset), so it travels with 43.
+offset), so it travels with 43. The timer wheel's watermarks travel with 45 so that a slave
+promoted to master (issue 14) does not deliver again the timers its old master delivered before
+the last copy; a slave applies them only once its log holds those deliveries (broker/timer.py).
+A RocketMQ master's answer has no such key: the timers' watermarks then stay as they were.
 
 A failed copy (the master down, a timeout, an error answer, a body that does not parse) changes
 nothing of that table: the slave keeps serving the last tables it copied, and says so in one
@@ -46,10 +51,14 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
+import orjson
+
 from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.offsets import ConsumerOffsetTable, OffsetPush
+from tidemq.broker.persist import quote_int_keys
 from tidemq.broker.schedule import ScheduleService
 from tidemq.broker.service import PeriodicService
+from tidemq.broker.timer import TIMER_PROGRESS_KEY, TimerWheel
 from tidemq.broker.topics import TopicTable
 from tidemq.clock import Clock
 from tidemq.errors import ProtocolError, QueueError
@@ -82,7 +91,8 @@ _PUSH_REFUSALS: Final = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SY
 
 
 class SlaveSync:
-    """Copies topics, consumer offsets, delay progress and subscription groups from the master."""
+    """Copies topics, consumer offsets, delay and timer progress and subscription groups from
+    the master."""
 
     def __init__(
         self,
@@ -95,18 +105,21 @@ class SlaveSync:
         *,
         interval_ms: int,
         timeout_ms: int = SLAVE_SYNC_TIMEOUT_MS,
+        timer: TimerWheel | None = None,
     ) -> None:
         self._client = client
         self._clock = clock
         self._timeout_ms = timeout_ms
         self._offsets = offsets
+        self._schedule = schedule
+        self._timer = timer
         self._pushes: list[OffsetPush] = []  # due after this round's copy of 43
         self._apply: dict[int, Callable[[bytes], object]] = {
             RequestCode.GET_ALL_TOPIC_CONFIG: lambda body: topics.replace_all(
                 TopicConfigSerializeWrapper.from_json(body)
             ),
             RequestCode.GET_ALL_CONSUMER_OFFSET: self._copy_offsets,
-            RequestCode.GET_ALL_DELAY_OFFSET: schedule.replace_progress,
+            RequestCode.GET_ALL_DELAY_OFFSET: self._copy_delays,
             RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: groups.replace_all,
         }
         assert set(self._apply) == set(_CODES)
@@ -181,6 +194,17 @@ class SlaveSync:
         except (ProtocolError, ValueError) as exc:
             return f"bad body: {exc}"
         return None
+
+    def _copy_delays(self, body: bytes) -> None:
+        """45: delay levels, then the timer watermarks (each a table on its own: a bad timer key
+        leaves the levels copied)."""
+        self._schedule.replace_progress(body)  # raises on a bad body before changing anything
+        if self._timer is None:
+            return
+        doc = orjson.loads(quote_int_keys(body))  # parsed once already: valid JSON
+        progress = doc.get(TIMER_PROGRESS_KEY) if isinstance(doc, dict) else None
+        if progress is not None:
+            self._timer.copy_progress(progress)
 
     def _copy_offsets(self, body: bytes) -> None:
         self._pushes = self._offsets.copy_from_master(body).pushes

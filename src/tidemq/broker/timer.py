@@ -8,7 +8,7 @@ lazily, so millions of pending timers cost disk, not memory.
     due heap entries are re-stored to REAL_TOPIC / REAL_QID (schedule.restore_real)
     a bucket whose end has passed, fully delivered, is deleted (its consume queue; the records
     age out of the commit log with retention)
-    timerProgress.json {"bucketMs":600000,"watermarks":{"<B>":W}}
+    timerProgress.json {"bucketMs":600000,"logOffset":L,"watermarks":{"<B>":W}}
 
 Memory: one int per bucket that holds messages (at most horizon / width: 1,008 for 7 days) plus
 the heaps of the open buckets. Timing: the service sleeps until the earliest heap head or the next
@@ -22,6 +22,25 @@ A crash re-delivers at most the timers delivered since the last persist (at leas
 never early: T is in the record.
 A closed bucket keeps a tombstone watermark (its end) for an hour, so a crash that re-dispatches
 its records into a fresh consume queue does not deliver them twice.
+The file also keeps L, the log end when it was written: every delivery its watermarks cover is
+below L. A log that ends before L at load (truncated to follow a new master, issue 14, or its
+unflushed tail lost in a crash) has lost some of those deliveries; skipping their timers would
+lose them, so the watermarks are dropped and the open buckets deliver again (at least once).
+
+Slaves copy the watermarks (broker/slave_sync.py), so a slave promoted to master (issue 14) does
+not deliver again what the old master delivered before the last copy:
+
+    master: progress_doc() ─▶ GET_ALL_DELAY_OFFSET (45) key "tidemqTimerProgress"
+            {"bucketMs":600000,"logOffset":L,"watermarks":{"<B>":W}}
+    slave:  copy_progress(doc) ─▶ held until its own log reaches L ─▶ max per bucket ─▶ persisted
+
+L is the master's log end when the watermarks were read: every delivery they cover (a
+synchronous put before the watermark moves) is below it. A slave whose log has not reached L
+yet does not have those deliveries, and skipping their timers after a promotion would lose them;
+so it keeps such a copy aside (the oldest: the first its log reaches) and applies it once its log
+gets there. A copy only moves watermarks forward (max per bucket): a late or stale answer never
+moves one back (only a load onto a shorter log does, above). What the copy misses (deliveries of
+the last interval) is delivered again after a promotion: at least once.
 """
 
 from __future__ import annotations
@@ -31,7 +50,7 @@ import heapq
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
@@ -39,6 +58,7 @@ from tidemq.broker.persist import ConfigWriter, read_optional
 from tidemq.broker.schedule import deliver_time_of, park, restore
 from tidemq.broker.service import cancel_and_wait, run_due_loop
 from tidemq.clock import Clock
+from tidemq.errors import ProtocolError
 from tidemq.protocol import record as rec
 from tidemq.protocol.message import decode_properties
 from tidemq.store.message_store import FileMessageStore
@@ -51,6 +71,8 @@ TIMER_TOPIC_PREFIX: Final = "rmq_sys_timer_"
 # flushed), bigger heaps. 10 min: at most 1,008 topics for 7 days, heaps of ~20 minutes of timers.
 TIMER_BUCKET_MS: Final = 600_000
 TIMER_PROGRESS_FILE: Final = "timerProgress.json"
+# GET_ALL_DELAY_OFFSET's (45) TideMQ key: `progress_doc` for the slaves (module doc).
+TIMER_PROGRESS_KEY: Final = "tidemqTimerProgress"
 # Store reads and deliveries per pass before yielding the event loop.
 TIMER_WORK_PER_PASS_MAX: Final = 1_024
 _READ_BATCH: Final = 64
@@ -86,6 +108,8 @@ class TimerWheel:
         self._waiting: set[int] = set()  # bucket starts not opened yet
         self._open: dict[int, _OpenBucket] = {}
         self._watermarks: dict[int, int] = {}
+        # A slave: the master's watermarks its log has not reached yet (log offset, marks).
+        self._held_copy: tuple[int, dict[int, int]] | None = None
         self._dirty = False
         self._next_wake_ms: int | None = None
         self._wake = asyncio.Event()
@@ -136,7 +160,19 @@ class TimerWheel:
         data = read_optional(self._path)
         if data is not None:
             table = orjson.loads(data)
-            self._watermarks = {int(k): int(v) for k, v in table.get("watermarks", {}).items()}
+            marks = {int(k): int(v) for k, v in table.get("watermarks", {}).items()}
+            covered, end = int(table.get("logOffset", 0)), self._store.max_physical_offset
+            if covered > end:
+                log.warning(
+                    "%s covers the log up to %d but the log ends at %d (truncated, or its tail "
+                    "lost in a crash): its watermarks are dropped; timers of open buckets may "
+                    "be delivered again",
+                    self._path.name,
+                    covered,
+                    end,
+                )
+                marks = {}
+            self._watermarks = marks
         for topic in self._store.topics_and_queues():
             if topic.startswith(TIMER_TOPIC_PREFIX):
                 suffix = topic[len(TIMER_TOPIC_PREFIX) :]
@@ -145,6 +181,68 @@ class TimerWheel:
 
     def persist(self) -> None:
         self._writer.write(self._snapshot())
+
+    def progress_doc(self) -> dict[str, Any]:
+        """The watermarks as a master sends them to its slaves (module doc): read with the log
+        end at the same moment, so every delivery they cover lies below `logOffset`."""
+        return {
+            "bucketMs": self._bucket_ms,
+            "logOffset": self._store.max_physical_offset,
+            "watermarks": {str(k): v for k, v in sorted(self._watermarks.items())},
+        }
+
+    def copy_progress(self, doc: object) -> bool:
+        """A slave: merge its master's `progress_doc` once its log holds what the watermarks
+        cover (module doc); until then the copy is held. Returns whether a watermark moved.
+
+        Raises:
+            ProtocolError: `doc` is not timer progress of this bucket width (nothing changes).
+        """
+        log_offset, marks = self._parse_copy(doc)
+        reached = self._store.max_physical_offset
+        held = self._held_copy
+        changed = False
+        if held is not None and held[0] <= reached:
+            changed = self._merge(held[1])
+            held = None
+        if log_offset <= reached:
+            changed = self._merge(marks) or changed
+            held = None  # the master's watermarks only grow: this copy covers any held one
+        elif held is None:
+            # Out of reach: kept aside. A held older copy stays instead (it is reached first;
+            # replacing it would keep the copy out of reach while the slave lags).
+            held = (log_offset, marks)
+        self._held_copy = held
+        return changed
+
+    def _parse_copy(self, doc: object) -> tuple[int, dict[int, int]]:
+        if not isinstance(doc, dict):
+            raise ProtocolError(f"not timer progress: {type(doc).__name__}")
+        try:
+            width = int(doc["bucketMs"])
+            log_offset = int(doc["logOffset"])
+            marks = {int(k): int(v) for k, v in doc["watermarks"].items()}
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"not timer progress: {exc!r}") from exc
+        if width != self._bucket_ms:
+            raise ProtocolError(f"timer buckets of {width} ms, this broker's are {self._bucket_ms}")
+        return log_offset, marks
+
+    def _merge(self, marks: dict[int, int]) -> bool:
+        """Max per bucket. An open bucket of the master's is kept like a local waiting one (its
+        watermark survives the tombstone horizon); a closed one ages out as a tombstone."""
+        changed = False
+        for start, mark in marks.items():
+            if mark > self._watermarks.get(start, mark - 1):
+                self._watermarks[start] = mark
+                changed = True
+            if start not in self._open:
+                if self._watermarks[start] < start + self._bucket_ms:
+                    self._waiting.add(start)
+                else:
+                    self._waiting.discard(start)
+        self._dirty = self._dirty or changed
+        return changed
 
     def persist_if_dirty(self) -> None:
         """Periodic: the write (fsync) runs in a thread when called on the event loop."""
@@ -160,7 +258,13 @@ class TimerWheel:
         }
         table = {str(k): v for k, v in sorted(self._watermarks.items())}
         self._dirty = False
-        return orjson.dumps({"bucketMs": self._bucket_ms, "watermarks": table})
+        return orjson.dumps(
+            {
+                "bucketMs": self._bucket_ms,
+                "logOffset": self._store.max_physical_offset,
+                "watermarks": table,
+            }
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 

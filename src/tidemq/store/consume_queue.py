@@ -50,6 +50,9 @@ def _entries_struct(count: int) -> struct.Struct:
 
 # entries() reads the mapping this many bytes (128 entries) at a time.
 ENTRIES_READ_CHUNK_BYTES: Final = 128 * _ENTRY
+# Entries `max_offset_within` reads back from a queue's end before it binary-searches: the
+# records a controller-mode master has not confirmed yet are normally the last few.
+WITHIN_TAIL_SCAN_ENTRIES: Final = 32
 # Bytes behind a queue's end kept mapped (about 800 entries): consumers near the tail read them
 # without a page fault. Per queue, so small; refaulting a page of 204 entries costs ~0.2 us.
 CONSUME_QUEUE_RESIDENT_BYTES: Final = 16 * 1024
@@ -218,6 +221,42 @@ class ConsumeQueue:
         if size <= 0:
             return None
         return phys, size, tags
+
+    def max_offset_within(self, log_end: int) -> int:
+        """The queue's end for a reader shown only records that end at or below `log_end` (a
+        controller-mode master's confirm offset, broker/visibility.py): the offset just past
+        the last entry whose record does.
+
+        Entries are in log order, so those past `log_end` are the queue's tail: read back
+        entry by entry (normally a few, or none: one read), then, for a tail longer than
+        WITHIN_TAIL_SCAN_ENTRIES (e.g. before the first confirm), binary-searched. An unused
+        entry counts as past `log_end`: never shown too early.
+
+            entries  | min ... | k-1 | k | ... | max-1 |     k-1 ends <= log_end < k's end
+            answer                     k
+        """
+        lo, index = self._min_index, self._max_index
+        stop = max(lo, index - WITHIN_TAIL_SCAN_ENTRIES)
+        while index > stop:
+            if self._ends_within(index - 1, log_end):
+                return index
+            index -= 1
+        while lo < index:  # [index, max) end past log_end: find the first of [lo, index) that does
+            mid = (lo + index) // 2
+            if self._ends_within(mid, log_end):
+                lo = mid + 1
+            else:
+                index = mid
+        return lo
+
+    def _ends_within(self, index: int, log_end: int) -> bool:
+        mf = self.files.find_file(index * _ENTRY)
+        if mf is None:  # its file was deleted meanwhile (retention): an old record
+            return True
+        phys: int
+        size: int
+        phys, size, _tags = CONSUME_QUEUE_ENTRY.unpack_from(mf.mm, index * _ENTRY - mf.start_offset)
+        return size > 0 and phys + size <= log_end
 
     def entries(self, start: int, count: int) -> Iterator[tuple[int, int, int, int]]:
         """(index, physical offset, size, tags code) from `start`, at most `count` indexes."""

@@ -19,6 +19,11 @@ pull is held like one at the queue's end and nothing in the answer moves the con
 
     entries  | i | i+1 | i+2 |  i+3 ...        phys + size of i+2 > phys_limit
     served   | i | i+1 |                      next offset i+2, max offset i+2
+
+Every other answer under a limit names the queue's end as visible
+(ConsumeQueue.max_offset_within), never the entries past it: a consumer moved or started there
+would skip the records a failover then writes at those offsets (the unconfirmed ones are cut
+off the log and their queue offsets reused).
 """
 
 from __future__ import annotations
@@ -55,20 +60,21 @@ def get_messages(
     lo, hi = cq.min_offset, cq.max_offset
     if hi == 0:
         return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
-    if offset < lo:
-        return GetResult(GetStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
+    if phys_limit is not None and phys_limit >= log.max_offset:
+        phys_limit = None  # everything is visible: the loop pays one identity test per entry
     if offset == hi:
         return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
-    if offset > hi:
-        return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], hi, lo, hi)
+    if offset < lo or offset > hi:
+        end = hi if phys_limit is None else cq.max_offset_within(phys_limit)
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], lo, lo, end)
+        return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], end, lo, end)
     max_count = max(1, min(max_count, PULL_MESSAGE_COUNT_MAX))
     records: list[bytes] = []
     total = 0
     next_offset = offset
     removing = False
     log_min = log.min_offset
-    if phys_limit is not None and phys_limit >= log.max_offset:
-        phys_limit = None  # everything is visible: the loop pays one identity test per entry
     for index, phys, size, tags in cq.entries(offset, GET_SCAN_ENTRIES_MAX):
         if len(records) >= max_count or (records and total + size > max_bytes):
             break
@@ -97,6 +103,8 @@ def get_messages(
         total += size
     else:
         next_offset = min(offset + GET_SCAN_ENTRIES_MAX, hi)
+    if phys_limit is not None and hi == cq.max_offset:  # not cut short: the visible end
+        hi = cq.max_offset_within(phys_limit)
     if records:
         status = GetStatus.FOUND
     elif removing:

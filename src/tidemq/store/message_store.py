@@ -447,6 +447,9 @@ class FileMessageStore:
     def max_offset(self, topic: str, queue_id: int) -> int:
         return cq.max_offset if (cq := self._queues.get((topic, queue_id))) else 0
 
+    def visible_max_offset(self, topic: str, queue_id: int, log_end: int) -> int:
+        return cq.max_offset_within(log_end) if (cq := self._queues.get((topic, queue_id))) else 0
+
     def store_time_at(self, topic: str, queue_id: int, offset: int) -> int | None:
         cq = self._queues.get((topic, queue_id))
         entry = cq.get(offset) if cq is not None else None

@@ -8,6 +8,7 @@ the memory limits.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +16,11 @@ from typing import cast
 
 import orjson
 import pytest
+from test_tx_end_transaction import GroupAcks, group_durability
 from tx_harness import GROUP, TOPIC, FakeProducer, World
 
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.durability import LEASE_LOST_REMARK, WaitDurable
 from tidemq.broker.handlers.end_batch import EndBatchHandler
 from tidemq.broker.transaction import half as hm
 from tidemq.broker.transaction.batch import (
@@ -41,6 +44,7 @@ from tidemq.protocol.message import SPARK_TXN
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.store.types import PutResult
+from tidemq.testing import eventually
 
 COMMIT, ROLLBACK = 8, 12
 TIMEOUT_MS = 6_000
@@ -95,16 +99,15 @@ class Sink:
         sink: str = SINK,
         *,
         final: bool = False,
+        durable: WaitDurable | None = None,
         **extra: object,
     ) -> RemotingCommand:
         table = HandlerTable()
-        flush_ends: list[int] = []
 
         async def flushed(end: int) -> tuple[int, str]:
-            flush_ends.append(end)
             return ResponseCode.SUCCESS, ""
 
-        EndBatchHandler(BrokerConfig(), self.batches, flushed).register(table)
+        EndBatchHandler(BrokerConfig(), self.batches, durable or flushed).register(table)
         header = EndBatchRequestHeader(sink_id=sink, batch_id=batch, commit_or_rollback=action)
         request = RemotingCommand(
             code=RequestCode.TIDEMQ_END_BATCH,
@@ -401,6 +404,65 @@ async def test_decide_records_without_resolving_then_publish_commits(sink: Sink)
     # A published decision is never replaced.
     replaced = await sink.end(0, COMMIT, ["0/0-b"], phase="decide", replace=True)
     assert replaced.code == ResponseCode.TRANSACTION_FAILED
+
+
+async def test_a_lookup_or_repeat_after_a_timed_out_decide_waits_for_durability(
+    sink: Sink,
+) -> None:
+    """A DECIDE recorded here but answered FLUSH_SLAVE_TIMEOUT may be on no other replica. A
+    lookup (DECIDED) or a repeated DECIDE (SUCCESS) answered from memory at once would let the
+    driver publish on other brokers, and a failover here to a replica without the record would
+    roll these halves back: the batch half committed. Both answer once the log holding the
+    record is acknowledged."""
+    holders = {"broker-a": "127.0.0.1:1"}
+    sink.half(0, "0/0-a")
+    acks = GroupAcks(ResponseCode.FLUSH_SLAVE_TIMEOUT)
+    durable = group_durability(acks).wait_durable
+    first = await sink.end(0, COMMIT, ["0/0-a"], durable=durable, phase="decide", brokers=holders)
+    assert first.code == ResponseCode.FLUSH_SLAVE_TIMEOUT
+    (record,) = sink.world.records(BATCH_TOPIC)
+    looked_up = asyncio.ensure_future(sink.end(0, COMMIT, [], durable=durable, phase="lookup"))
+    repeat = asyncio.ensure_future(
+        sink.end(0, COMMIT, ["0/0-a"], durable=durable, phase="decide", brokers=holders)
+    )
+    await eventually(
+        lambda: len(acks.held) == 2 or looked_up.done() or repeat.done(), what="both waits"
+    )
+    assert not looked_up.done()
+    assert not repeat.done()
+    assert min(acks.ends[1:]) >= record.physical_offset + record.total_size
+    for held in acks.held:
+        held(ResponseCode.SUCCESS)
+    answer = await looked_up
+    assert answer.code == ResponseCode.SUCCESS, answer.remark
+    assert orjson.loads(answer.body)["state"] == "DECIDED"
+    assert (await repeat).code == ResponseCode.SUCCESS
+    assert len(sink.records()) == 1
+
+
+async def test_answers_durability_refuses_are_not_success(sink: Sink) -> None:
+    """A lookup, a repeated PUBLISH and a repeated ROLLBACK answer durability's code and remark
+    (here a lost lease, then a timeout) instead of SUCCESS."""
+    sink.half(0, "0/0-a")
+    assert (await sink.end(0, COMMIT, ["0/0-a"])).code == ResponseCode.SUCCESS
+    assert (await sink.end(1, ROLLBACK, [])).code == ResponseCode.SUCCESS
+    lease = [False]
+    acks = GroupAcks(*[ResponseCode.SUCCESS] * 3)
+    durable = group_durability(acks, lambda: lease[0]).wait_durable
+    answers = [
+        await sink.end(0, COMMIT, [], durable=durable, phase="lookup"),
+        await sink.end(0, COMMIT, ["0/0-a"], durable=durable),
+        await sink.end(1, ROLLBACK, [], durable=durable),
+    ]
+    assert [a.code for a in answers] == [ResponseCode.SERVICE_NOT_AVAILABLE] * 3
+    assert all(LEASE_LOST_REMARK in (a.remark or "") for a in answers)
+    assert answers[1].ext_fields["alreadyCommitted"] == "true"
+    lease[0] = True
+    acks.codes = [ResponseCode.FLUSH_SLAVE_TIMEOUT]
+    timed_out = await sink.end(0, COMMIT, [], durable=durable, phase="lookup")
+    assert timed_out.code == ResponseCode.FLUSH_SLAVE_TIMEOUT
+    assert (timed_out.remark or "").startswith("batch state not durable: stored on the master")
+    assert len(sink.records()) == 2
 
 
 async def test_an_unpublished_decision_can_be_replaced(sink: Sink) -> None:

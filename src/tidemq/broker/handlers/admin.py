@@ -4,8 +4,10 @@ consumer offsets (43), delay offsets (45) and subscription groups (201).
 
 The bodies of 43, 45 and 201 are RocketMQ's persisted files (consumerOffset.json,
 delayOffset.json, subscriptionGroup.json with its dataVersion), with standard JSON's quoted keys
-where fastjson writes `{0:12}` (fastjson reads both). GET_BROKER_CONFIG never shows haSecret
-(config_keys.py redacts it). Runtime info (28) carries the replication keys of ha_info.py.
+where fastjson writes `{0:12}` (fastjson reads both). The answer to 45 also carries the timer
+wheel's watermarks under TideMQ's key "tidemqTimerProgress" (broker/timer.py), which fastjson and
+older TideMQ slaves ignore. GET_BROKER_CONFIG never shows haSecret (config_keys.py redacts it).
+Runtime info (28) carries the replication keys of ha_info.py.
 
 Topic changes go through the TopicTable, whose change listener re-registers with the name
 servers. A slave refuses the admin writes (17, 215) with SLAVE_NOT_AVAILABLE, as it refuses sends:
@@ -30,6 +32,7 @@ from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded, slave_refusal_remark
 from tidemq.broker.handlers.ha_info import HAFields
 from tidemq.broker.offsets import ConsumerOffsetTable
+from tidemq.broker.timer import TIMER_PROGRESS_KEY
 from tidemq.broker.topics import TOPIC_QUEUE_NUMS_MAX, TopicTable
 from tidemq.clock import Clock
 from tidemq.errors import ProtocolError
@@ -71,10 +74,13 @@ class AdminHandlers:
         *,
         groups: SubscriptionGroupTable | None = None,
         delay_offsets: Callable[[], bytes] | None = None,
+        timer_progress: Callable[[], dict[str, Any]] | None = None,
         ha_fields: HAFields | None = None,
     ) -> None:
         """`groups` and `delay_offsets` (the schedule's `to_json`) answer 201 and 45;
-        `ha_fields` adds the replication keys to runtime info (ha_info.py)."""
+        `timer_progress` (the timer wheel's `progress_doc`) adds TideMQ's key to 45 for our
+        slaves (broker/slave_sync.py); `ha_fields` adds the replication keys to runtime info
+        (ha_info.py)."""
         self._config = config
         self._address = address
         self._clock = clock
@@ -84,6 +90,7 @@ class AdminHandlers:
         self._clients = clients
         self._groups = groups
         self._delay_offsets = delay_offsets
+        self._timer_progress = timer_progress
         self._ha_fields = ha_fields
         self._boot_ms = clock.now_ms()
 
@@ -264,7 +271,13 @@ class AdminHandlers:
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand:
         assert self._delay_offsets is not None  # registered only with it
-        return request.response(ResponseCode.SUCCESS, body=self._delay_offsets())
+        body = self._delay_offsets()
+        if self._timer_progress is not None:
+            # RocketMQ's keys as they are, plus one an older parser ignores (fastjson, ours).
+            doc = orjson.loads(body)
+            doc[TIMER_PROGRESS_KEY] = self._timer_progress()
+            body = orjson.dumps(doc)
+        return request.response(ResponseCode.SUCCESS, body=body)
 
     async def all_subscription_groups(
         self, connection: Connection, request: RemotingCommand

@@ -10,15 +10,20 @@
 
     slave? ─▶ SLAVE_NOT_AVAILABLE
     malformed header or body ─▶ SYSTEM_ERROR naming what is wrong
-    lookup ─▶ SUCCESS, body {"state": "NONE" | "DECIDED" | "COMMITTED", "txns", "brokers"}
+    lookup ─▶ the log end's durability awaited (below), then
+        SUCCESS, body {"state": "NONE" | "DECIDED" | "COMMITTED", "txns", "brokers"}
     batch.py SinkBatchResolver.end_batch: record first, then (commit, rollback) resolve the
     batch's halves
         contradiction (COMMIT of rolled-back txns or with other txns than the decision,
         ROLLBACK of a decided batch) ─▶ TRANSACTION_FAILED with the reason (ext
         batchRolledBack=true when the COMMIT lists txns rolled back here)
         store refused ─▶ the put status's code
-    SYNC_FLUSH / SYNC_MASTER ─▶ the record and committed messages are awaited (durability.py:
-        FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE when not achieved)
+    durability awaited (durability.py, every role) of the record and committed messages, or
+        for a repeat, which stores none, of the log end ─▶ when not achieved: FLUSH_DISK_TIMEOUT,
+        FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE or (lease lost) SERVICE_NOT_AVAILABLE.
+        Why a repeat waits: the record it repeats may not be durable. After a DECIDE answered
+        FLUSH_SLAVE_TIMEOUT, a retry answered SUCCESS at once lets the driver publish on other
+        brokers; a failover here to a replica without the record then rolls these halves back.
     SUCCESS, ext: alreadyCommitted (true|false), committed, rolledBack (halves resolved now)
 
 The driver's two phases over every broker make a batch atomic across brokers (ARCHITECTURE.md,
@@ -140,8 +145,7 @@ class EndBatchHandler:
         if outcome is BatchOutcome.ROLLBACK and body.phase is not BatchPhase.PUBLISH:
             raise Refusal(ResponseCode.SYSTEM_ERROR, "only a COMMIT has a phase")
         if outcome is BatchOutcome.COMMIT and body.phase is BatchPhase.LOOKUP:
-            state = self._batches.lookup(header.sink_id, header.batch_id)
-            return request.response(ResponseCode.SUCCESS, body=lookup_body(state))
+            return await self._lookup(request, header)
         try:
             result = self._batches.end_batch(
                 header.sink_id,
@@ -170,8 +174,22 @@ class EndBatchHandler:
             "committed": str(result.committed),
             "rolledBack": str(result.rolled_back),
         }
-        if result.durable_end:
-            code, remark = await self._wait_durable(result.durable_end)
-            if code != ResponseCode.SUCCESS:
-                return request.response(code, fields, remark=f"batch ended and {remark}")
+        # A repeat's durable_end is the log end: the record it repeats may not be durable yet.
+        code, remark = await self._wait_durable(result.durable_end)
+        if code != ResponseCode.SUCCESS:
+            return request.response(code, fields, remark=f"batch ended and {remark}")
         return request.response(ResponseCode.SUCCESS, fields)
+
+    async def _lookup(
+        self, request: RemotingCommand, header: EndBatchRequestHeader
+    ) -> RemotingCommand:
+        """The batch's state, once the records it comes from are durable. The index is applied
+        when a record is stored, before its durability is known: a DECIDE answered
+        FLUSH_SLAVE_TIMEOUT is in it, and a replica that never got the record may become
+        master. The log end read now covers every record the state comes from (its own end is
+        not kept); awaiting it also fences a master whose lease is lost (durability.py)."""
+        state = self._batches.lookup(header.sink_id, header.batch_id)
+        code, remark = await self._wait_durable(self._batches.store.max_physical_offset)
+        if code != ResponseCode.SUCCESS:
+            return request.response(code, remark=f"batch state not durable: {remark}")
+        return request.response(ResponseCode.SUCCESS, body=lookup_body(state))

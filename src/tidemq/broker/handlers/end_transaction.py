@@ -9,8 +9,12 @@
         message; a repeat of the known outcome is SUCCESS and stores nothing; a contradiction
         (ROLLBACK after COMMIT, COMMIT after ROLLBACK or discard) is TRANSACTION_FAILED naming
         the outcome
-    SYNC_FLUSH / SYNC_MASTER ─▶ the committed message's durability is awaited (durability.py:
-        FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE when not achieved)
+    durability awaited (durability.py, every role) of the committed message, or of the log end
+        when nothing tracks the end of the record that set the outcome (a ROLLBACK's op message,
+        a repeat's earlier record, which may not be durable: a COMMIT answered
+        FLUSH_SLAVE_TIMEOUT, repeated, must not read SUCCESS before it is) ─▶ when not achieved:
+        FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE or (controller mode, lease
+        lost) SERVICE_NOT_AVAILABLE, remark "<state>: <why>"
 
 Both the oneway (Java, and our client) and the request form (C++) are accepted. Nobody reads the
 answer to a oneway request (the remoting layer drops it), so a oneway answer that passes the
@@ -105,11 +109,16 @@ class EndTransactionHandler:
         if result.failure is not None:
             raise _failure_refusal(result, tx_input)
         log.debug("%s of %s: %s", _source(header), header.msg_id, result.state.value)
+        # A repeat or a ROLLBACK tracks no end: the log end covers the record that set the state.
         stored = result.stored
-        if stored is not None:
-            code, remark = await self._wait_durable(stored.physical_offset + stored.size)
-            if code != ResponseCode.SUCCESS:
-                return request.response(code, remark=f"committed: {remark}")
+        end = (
+            self._resolver.store.max_physical_offset
+            if stored is None
+            else stored.physical_offset + stored.size
+        )
+        code, remark = await self._wait_durable(end)
+        if code != ResponseCode.SUCCESS:
+            return request.response(code, remark=f"{result.state.value}: {remark}")
         return request.response(ResponseCode.SUCCESS)
 
     def _answer(self, header: EndTransactionRequestHeader, tx_input: TxInput) -> Answer:

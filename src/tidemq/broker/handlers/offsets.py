@@ -11,9 +11,20 @@ by every consumer of the group, so one bad client must not be able to grow it or
 past the log's start or beyond its end. On a slave the end is not clamped (the slave may lag
 what the consumer read from the master) and the commit is remembered as pending: the slave's
 next copies of its master's offsets keep it and push it to the master (broker/offsets.py).
+
+A controller-mode master (issue 14, `visible_end`: its confirm offset) shows only the queue's
+visible end (store ConsumeQueue.max_offset_within: past the last entry whose record ends at or
+below it) as a queue's max offset, as the bound of commits and of time searches. The entries
+past it are not on every replica: a failover may cut them off and write other records at their
+queue offsets, which a group started, reset or committed there would skip.
+
+    queue      | ... | k-1 | k | k+1 |        k-1 confirmed, k and k+1 not
+    max offset             k            (GET_MAX_OFFSET, commit bound, time search bound)
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from tidemq.broker.handlers.common import Refusal, guarded
 from tidemq.broker.offsets import ConsumerOffsetTable
@@ -47,8 +58,10 @@ def commit_clamped(
     offset: int,
     *,
     lagging: bool = False,
+    log_end: int | None = None,
 ) -> bool:
-    """Commit `offset` clamped to the queue's [min, max] (names and queue id already checked).
+    """Commit `offset` clamped to the queue's [min, max] (names and queue id already checked);
+    with `log_end` (a controller-mode master's confirm offset), max is the visible end.
 
     `lagging`: a consumer's commit on a slave. The store is a copy, which may not hold yet what
     the consumer read from the master, so an offset past its end is kept as it is (clamping it
@@ -58,8 +71,15 @@ def commit_clamped(
         return offsets.commit(group, topic, queue_id, offset)  # ignored there, and logged
     offset = max(offset, store.min_offset(topic, queue_id))
     if not lagging:
-        offset = min(offset, store.max_offset(topic, queue_id))
+        offset = min(offset, queue_end(store, topic, queue_id, log_end))
     return offsets.commit(group, topic, queue_id, offset, pending=lagging)
+
+
+def queue_end(store: FileMessageStore, topic: str, queue_id: int, log_end: int | None) -> int:
+    """The queue's max offset as a client may see it: the visible end under `log_end`."""
+    if log_end is None:
+        return store.max_offset(topic, queue_id)
+    return store.visible_max_offset(topic, queue_id, log_end)
 
 
 class OffsetHandlers:
@@ -70,12 +90,19 @@ class OffsetHandlers:
         topics: TopicTable,
         *,
         is_slave: bool = False,
+        visible_end: Callable[[], int] | None = None,
     ) -> None:
-        """`is_slave`: commits past the store's end are kept (`commit_clamped`'s `lagging`)."""
+        """`is_slave`: commits past the store's end are kept (`commit_clamped`'s `lagging`).
+        `visible_end`: a controller-mode master's confirm offset (None: no limit; module doc)."""
         self._store = store
         self._offsets = offsets
         self._topics = topics
         self._is_slave = is_slave
+        self._visible_end = visible_end
+
+    def _log_end(self) -> int | None:
+        visible_end = self._visible_end
+        return visible_end() if visible_end is not None else None
 
     def register(self, table: HandlerTable) -> None:
         table.register(RequestCode.QUERY_CONSUMER_OFFSET, guarded(self.query_consumer_offset))
@@ -123,6 +150,7 @@ class OffsetHandlers:
             header.queue_id,
             header.commit_offset,
             lagging=self._is_slave,
+            log_end=self._log_end(),
         )
         return request.response(ResponseCode.SUCCESS)
 
@@ -131,13 +159,16 @@ class OffsetHandlers:
     ) -> RemotingCommand:
         header = SearchOffsetRequestHeader.from_fields(request.ext_fields)
         offset = self._store.offset_by_time(header.topic, header.queue_id, header.timestamp)
+        log_end = self._log_end()
+        if log_end is not None:
+            offset = min(offset, queue_end(self._store, header.topic, header.queue_id, log_end))
         return request.response(
             ResponseCode.SUCCESS, OffsetResponseHeader(offset=offset).to_fields()
         )
 
     async def max_offset(self, connection: Connection, request: RemotingCommand) -> RemotingCommand:
         header = GetMaxOffsetRequestHeader.from_fields(request.ext_fields)
-        offset = self._store.max_offset(header.topic, header.queue_id)
+        offset = queue_end(self._store, header.topic, header.queue_id, self._log_end())
         return request.response(
             ResponseCode.SUCCESS, OffsetResponseHeader(offset=offset).to_fields()
         )

@@ -47,7 +47,9 @@ suggestWhichBrokerId (replication, RocketMQ 4.x's rule):
 A controller-mode master (issue 14) serves only records that end at or below `visible_end()`,
 its confirm offset (every replica of the sync set has them): a pull at a record beyond it is
 answered like one at the queue's end (19, held; store/get.py), and the VisibilityGate
-(broker/visibility.py) wakes it once the confirm offset covers the record.
+(broker/visibility.py) wakes it once the confirm offset covers the record. Its every other
+answer names the queue's visible end as max offset, and the COMMIT_OFFSET side effect is
+bounded by it too (handlers/offsets.py: offsets past it may be reused after a failover).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.broker.filter import FilterRefused, SubscriptionFilter, build_filter
 from tidemq.broker.groups import SubscriptionGroupConfig, SubscriptionGroupTable
 from tidemq.broker.handlers.common import Refusal, guarded
-from tidemq.broker.handlers.offsets import commit_clamped
+from tidemq.broker.handlers.offsets import commit_clamped, queue_end
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.pull_hold import PullHoldService
 from tidemq.broker.topics import TopicTable
@@ -196,6 +198,7 @@ class PullHandler:
                 header.topic,
                 header.queue_id,
                 header.commit_offset,
+                log_end=self._log_end(),
             )
         if first.code != _NOT_FOUND or not flags & PullSysFlag.SUSPEND:
             return self._response(request, first, group)
@@ -291,7 +294,6 @@ class PullHandler:
     ) -> _Evaluation:
         count = max(1, min(header.max_msg_nums, PULL_MESSAGE_COUNT_MAX))
         predicate = tag_filter.predicate
-        visible_end = self._visible_end
         result = self._store.get_messages(
             header.topic,
             header.queue_id,
@@ -299,7 +301,7 @@ class PullHandler:
             count,
             tag_codes=tag_filter.codes,
             message_filter=predicate.matches_record if predicate is not None else None,
-            phys_limit=visible_end() if visible_end is not None else None,
+            phys_limit=self._log_end(),
         )
         code = pull_response_code(result.status, header.queue_offset)
         if code == _MOVED and self._config.is_slave and result.status in _AHEAD_OF_SLAVE:
@@ -310,6 +312,11 @@ class PullHandler:
             code = _NOT_FOUND
             result = dataclasses.replace(result, next_begin_offset=header.queue_offset)
         return _Evaluation(code, result)
+
+    def _log_end(self) -> int | None:
+        """The read limit now (`visible_end`), None without one."""
+        visible_end = self._visible_end
+        return visible_end() if visible_end is not None else None
 
     def _suggest(self, result: GetResult, group: SubscriptionGroupConfig) -> int:
         """suggestWhichBrokerId (the module doc's table)."""
@@ -344,7 +351,7 @@ class PullHandler:
     def _empty_fields(self, header: PullMessageRequestHeader) -> dict[str, str]:
         try:
             min_offset = self._store.min_offset(header.topic, header.queue_id)
-            max_offset = self._store.max_offset(header.topic, header.queue_id)
+            max_offset = queue_end(self._store, header.topic, header.queue_id, self._log_end())
         except OSError:  # a consume-queue file that cannot be read must not hide the refusal
             min_offset = max_offset = 0
         return PullMessageResponseHeader(

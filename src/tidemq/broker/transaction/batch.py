@@ -249,7 +249,7 @@ class BatchEndResult:
     already_committed: bool = False
     committed: int = 0
     rolled_back: int = 0
-    durable_end: int = 0  # commit-log end to await for durability (SYNC_FLUSH)
+    durable_end: int = 0  # commit-log end to await before any SUCCESS (handlers/end_batch.py)
     failure: PutResult | None = None
 
 
@@ -266,14 +266,14 @@ class SinkBatchResolver:
     ) -> None:
         assert orphan_timeout_ms > 0
         self._resolver = resolver
-        self._store = resolver.store
+        self.store = resolver.store
         self._clock = clock
         self.orphan_timeout_ms = orphan_timeout_ms
         self.index = index if index is not None else BatchIndex()
-        self._store_host: tuple[str, int] = ("127.0.0.1", 0)
+        self.store_host: tuple[str, int] = ("127.0.0.1", 0)
 
     def set_store_host(self, store_host: tuple[str, int]) -> None:
-        self._store_host = store_host
+        self.store_host = store_host
 
     # -- halves ---------------------------------------------------------------------------------
 
@@ -306,7 +306,7 @@ class SinkBatchResolver:
         if self.index.knows(sink_id):
             return
         found: list[tuple[int, BatchRecord]] = []
-        for data in self._store.query_by_key(
+        for data in self.store.query_by_key(
             BATCH_TOPIC, sink_id, BATCH_RECORDS_RELOAD_MAX, 0, _FOREVER_MS
         ):
             try:
@@ -351,12 +351,13 @@ class SinkBatchResolver:
             record = self._decide_record(state, sink_id, batch_id, txns, holders, replace, what)
         else:
             record = self._publish_record(state, sink_id, batch_id, txns, holders, what)
-        if record is None:
+        if record is None:  # a repeat: the log end covers the record it repeats, durable or not
             result = self._finish(sink_id, batch_id)
             repeat = outcome is BatchOutcome.COMMIT and phase is BatchPhase.PUBLISH
-            return dataclasses.replace(result, already_committed=repeat)
-        put = self._store.put_message(
-            batch_record_message(record, store_host=self._store_host, now_ms=self._clock.now_ms())
+            end = self.store.max_physical_offset
+            return dataclasses.replace(result, already_committed=repeat, durable_end=end)
+        put = self.store.put_message(
+            batch_record_message(record, store_host=self.store_host, now_ms=self._clock.now_ms())
         )
         if not put.ok:
             return BatchEndResult(failure=put)
@@ -555,8 +556,8 @@ class SinkBatchResolver:
         if state is not None and tag.txn in state.rolled_back:
             return True
         record = BatchRecord(tag.sink_id, tag.batch_id, BatchOutcome.ROLLBACK, frozenset({tag.txn}))
-        put = self._store.put_message(
-            batch_record_message(record, store_host=self._store_host, now_ms=self._clock.now_ms())
+        put = self.store.put_message(
+            batch_record_message(record, store_host=self.store_host, now_ms=self._clock.now_ms())
         )
         if not put.ok:
             log.error("orphan timeout of %s not recorded: %s", tag, put.error)
@@ -570,11 +571,11 @@ class SinkBatchResolver:
     def rebuild(self) -> None:
         """Read the batch records, index the pending tagged halves, and finish every recorded
         batch that still has pending halves (a crash between a record and its resolutions)."""
-        start = self._store.min_offset(BATCH_TOPIC, BATCH_QUEUE_ID)
-        end = self._store.max_offset(BATCH_TOPIC, BATCH_QUEUE_ID)
+        start = self.store.min_offset(BATCH_TOPIC, BATCH_QUEUE_ID)
+        end = self.store.max_offset(BATCH_TOPIC, BATCH_QUEUE_ID)
         records = 0
         # The batch topic has one queue, 0, as the half topic's (scan_queue reads queue 0).
-        for message in scan_queue(self._store, BATCH_TOPIC, start, end):
+        for message in scan_queue(self.store, BATCH_TOPIC, start, end):
             try:
                 self.index.apply(decode_batch_record(message.body))
                 records += 1
