@@ -56,6 +56,14 @@ async def test_get_prefix_and_delete(session: EtcdSession) -> None:
     assert list(await session.get_prefix("/t/p/")) == ["/t/p/2"]
 
 
+async def test_get_prefix_reads_past_a_key_that_is_not_utf8(session: EtcdSession) -> None:
+    await session.put("/t/p/1", b"x")
+    raw_put = session._call("raw put", lambda c: c.put(b"/t/p/\xff", b"y"))
+    await raw_put
+    got = {k: v.value for k, v in (await session.get_prefix("/t/p/")).items()}
+    assert got == {"/t/p/1": b"x", "/t/p/\ufffd": b"y"}
+
+
 async def test_lease_expiry_removes_its_key(session: EtcdSession) -> None:
     lease = await session.grant_lease(1)
     await session.put("/t/alive/1", b"x", lease=lease)

@@ -6,13 +6,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import orjson
 import pytest
 
 from tidemq.clock import SystemClock
 from tidemq.controller.etcd import EtcdSession
 from tidemq.controller.lease import LeaseKeeper
 from tidemq.controller.member import GroupMember, Role
-from tidemq.controller.state import Addrs, GroupState, alive_key, state_key
+from tidemq.controller.state import Addrs, EtcdUnavailable, GroupState, alive_key, state_key
 from tidemq.testing import eventually, eventually_async
 from tidemq.testing.etcd import EtcdProcess
 
@@ -27,10 +28,12 @@ RANK_DELAY_MS = 200
 
 @dataclass
 class RecordingReplica:
-    """The Replica protocol, recording each call; the test sets offsets, lag and catch-up."""
+    """The Replica protocol, recording each call; the test sets offsets, lag and catch-up. Like
+    the broker, it records the epoch it becomes master of or follows (a wiped store: 0)."""
 
     id: int
     offset: int = 0
+    epoch: int = 0
     events: list[tuple[object, ...]] = field(default_factory=list)
     sync_set: frozenset[int] | None = None
     lag: frozenset[int] = frozenset()
@@ -49,14 +52,19 @@ class RecordingReplica:
     def max_offset(self) -> int:
         return self.offset
 
+    def last_epoch(self) -> int:
+        return self.epoch
+
     async def stop_replicating(self) -> int:
         self.events.append(("stop_replicating", self.offset))
         return self.offset
 
     async def become_master(self, state: GroupState) -> None:
+        self.epoch = state.epoch
         self.events.append(("master", state.epoch))
 
     async def become_slave(self, state: GroupState) -> None:
+        self.epoch = state.epoch
         self.events.append(("slave", state.epoch, state.master))
 
     async def step_down(self, reason: str) -> None:
@@ -82,11 +90,12 @@ class Group:
         self.replicas: dict[int, RecordingReplica] = {}
         self._sessions: list[EtcdSession] = []
 
-    async def start(self, replica_id: int, offset: int = 0) -> GroupMember:
+    async def start(self, replica_id: int, offset: int = 0, epoch: int = 0) -> GroupMember:
+        """A member on a store ending at `offset` whose epoch file ends with `epoch`."""
         session = EtcdSession([self.etcd.endpoint], call_timeout_s=1.0)
         self._sessions.append(session)
         clock = SystemClock()
-        replica = RecordingReplica(replica_id, offset)
+        replica = RecordingReplica(replica_id, offset, epoch)
         lease = LeaseKeeper(session, TTL_S, clock)
         member = GroupMember(
             session, lease, replica, CLUSTER, NAME, PREFIX, clock, 3000, rank_delay_ms=RANK_DELAY_MS
@@ -242,7 +251,7 @@ async def test_no_member_outside_sync_set_is_ever_elected(group: Group) -> None:
     assert (state.epoch, state.master) == (1, master)
     assert group.masters() == []
     # The master comes back (a restart): it takes the group again, in a new epoch.
-    await group.start(master, offset=100 * master)
+    await group.start(master, offset=100 * master, epoch=1)
     state = await group.wait_state("epoch 2", lambda s: s.epoch == 2)
     assert state.master == master
     assert state.epochs[-1] == (2, 100 * master)
@@ -322,3 +331,172 @@ async def test_a_sync_set_member_whose_log_ends_before_the_epoch_start_never_sta
     state = await group.wait_state("epoch 2", lambda s: s.epoch == 2)
     assert state.master == others[1]
     assert ("master", 2) not in group.replicas[wiped].events
+
+
+async def test_a_stray_alive_key_does_not_stop_a_hand_over(group: Group) -> None:
+    master = await _three(group)
+    others = sorted(i for i in (1, 2, 3) if i != master)
+    await _expand(group, master, set(others))
+    # "²".isdigit() is True, int("²") is not: a key that once failed every read of the group.
+    stray = alive_key(PREFIX, CLUSTER, NAME, 1)[:-1] + "\u00b2"
+    await group.observer.put(stray, b"{}")
+    await group.members[master].stop(clean=True)
+    state = await group.wait_state("epoch 2", lambda s: s.epoch == 2)
+    assert state.master == others[0]
+
+
+async def test_a_wiped_sync_set_member_is_never_elected_even_when_its_log_reaches_the_start(
+    group: Group,
+) -> None:
+    # Epoch 1 starts at 0, so the wiped replica's empty log "reaches" it: only its epoch file
+    # (last_epoch 0) tells it lacks the acknowledged messages.
+    await group.start(1)
+    await eventually(lambda: group.masters() == [1], 15.0, what="1 master")
+    await group.start(2)
+    await group.start(3)
+    await eventually(lambda: sorted(group.following(1, 1)) == [2, 3], 15.0, what="slaves")
+    for replica_id in (1, 2, 3):
+        group.replicas[replica_id].offset = 5000
+    group.replicas[1].caught = frozenset({2, 3})
+    await group.wait_state("expanded", lambda s: s.sync_set == frozenset({1, 2, 3}))
+    group.replicas[1].caught = frozenset()
+    for replica_id in (1, 2, 3):  # the whole group crashes at once: nobody stands meanwhile
+        await group.members.pop(replica_id).stop(clean=False)
+
+    async def all_gone() -> bool:
+        return not await group.observer.get_prefix(alive_key(PREFIX, CLUSTER, NAME, 1)[:-1])
+
+    await eventually_async(all_gone, 10.0, what="every lease expired")
+    assert (await group.state()).sync_set == frozenset({1, 2, 3})
+    await group.start(2, offset=0, epoch=0)  # 2's store was wiped; it comes back first
+    await eventually(lambda: group.members[2].alive.keys() == {2}, what="2 alive")
+    await asyncio.sleep(5 * RANK_DELAY_MS / 1000)
+    assert (await group.state()).epoch == 1, "the wiped replica stood"
+    await group.start(3, offset=5000, epoch=1)
+    state = await group.wait_state("epoch 2", lambda s: s.epoch == 2)
+    assert (state.master, state.epochs[-1]) == (3, (2, 5000))
+    assert ("master", 2) not in group.replicas[2].events
+    await eventually(lambda: group.masters() == [3], what="3 acts")
+
+
+async def test_a_deleted_state_is_not_recreated_by_members_with_history(group: Group) -> None:
+    master = await _three(group)
+    others = sorted(i for i in (1, 2, 3) if i != master)
+    key = state_key(PREFIX, CLUSTER, NAME)
+    saved = await group.observer.get(key)
+    assert saved is not None
+    await group.observer.delete(key)
+    await asyncio.sleep(5 * RANK_DELAY_MS / 1000)
+    assert await group.observer.get(key) is None, "a member re-created the state"
+    member = group.members[master]
+    assert member.role is Role.MASTER, "the master keeps serving while its lease holds"
+    assert member.state is not None, "the last state is kept"
+    assert group.replicas[master].events == [("master", 1)]
+    # A replica with history that starts now refuses too.
+    await group.members.pop(others[0]).stop(clean=True)
+    await group.start(others[0], offset=100 * others[0], epoch=1)
+    await asyncio.sleep(3 * RANK_DELAY_MS / 1000)
+    assert await group.observer.get(key) is None
+    # The operator restores the state: the group goes on where it was.
+    await group.observer.put(key, saved.value)
+    await eventually(lambda: others[0] in group.following(1, master), what="follows again")
+    await _expand(group, master, set(others))
+    assert group.replicas[master].events == [("master", 1)]
+
+
+async def test_a_replica_with_history_does_not_create_a_missing_state(group: Group) -> None:
+    await group.start(1, offset=500, epoch=3)
+    await asyncio.sleep(3 * RANK_DELAY_MS / 1000)
+    assert await group.observer.get(state_key(PREFIX, CLUSTER, NAME)) is None
+    await group.start(2, offset=0)  # a new replica of a new group may
+    await eventually(lambda: group.masters() == [2], what="2 created the state")
+    state = await group.state()
+    assert (state.epoch, state.master) == (1, 2)
+    assert group.members[1].role is not Role.MASTER
+
+
+async def test_a_malformed_state_is_not_acted_on(group: Group) -> None:
+    master = await _three(group)
+    other = min(i for i in (1, 2, 3) if i != master)
+    key = state_key(PREFIX, CLUSTER, NAME)
+    saved = await group.observer.get(key)
+    assert saved is not None
+    good = GroupState.from_json(saved.value)
+    # Names another master that is not in its syncSet: parsed as before, it deposed the master.
+    bad = orjson.loads(good.elect(master, Addrs(*_addrs(group, master)), 0).to_json())
+    bad["master"] = other
+    await group.observer.put(key, orjson.dumps(bad))
+    await asyncio.sleep(5 * RANK_DELAY_MS / 1000)
+    assert group.members[master].role is Role.MASTER
+    assert all(e[0] != "step_down" for e in group.replicas[master].events)
+    await group.observer.put(key, good.to_json())
+    await _expand(group, master, {other})
+
+
+async def test_an_expand_whose_answer_was_lost_never_lowers_the_local_set(
+    group: Group, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    master = await _three(group)
+    x = min(i for i in (1, 2, 3) if i != master)
+    member, replica = group.members[master], group.replicas[master]
+    history: list[frozenset[int]] = []
+    real_set = replica.set_sync_set
+
+    def record(ids: frozenset[int]) -> None:
+        history.append(ids)
+        real_set(ids)
+
+    monkeypatch.setattr(replica, "set_sync_set", record)
+    real_cas = member.session.cas
+    lost: list[int] = []
+
+    async def cas(key: str, value: bytes, rev: int) -> bool:
+        won = await real_cas(key, value, rev)
+        if not lost:  # applied, but the answer is lost
+            lost.append(rev)
+            replica.caught = frozenset()  # x is not reported caught up for a while
+            raise EtcdUnavailable("answer lost")
+        return won
+
+    monkeypatch.setattr(member.session, "cas", cas)
+    # The watch lags, and no periodic re-read comes: only the member's own reaction may help.
+    real_apply = member._apply
+    monkeypatch.setattr(
+        member, "_apply", lambda n: None if n.key.endswith("/state") else real_apply(n)
+    )
+    member._next_refresh_ms = float("inf")
+    replica.caught = frozenset({x})
+    await eventually(lambda: bool(lost), what="the expand CAS")
+    assert x in (await group.state()).sync_set, "etcd applied it"
+    await eventually(
+        lambda: member.state is not None and x in member.state.sync_set, what="re-read"
+    )
+    await asyncio.sleep(3 * member.chore_interval_s)
+    first = next(i for i, ids in enumerate(history) if x in ids)
+    assert all(x in ids for ids in history[first:]), f"lowered: {history}"
+    assert replica.sync_set == frozenset({master, x})
+
+
+async def test_a_lost_lease_fences_at_once_even_if_a_new_one_comes_first(group: Group) -> None:
+    master = await _three(group)
+    member = group.members[master]
+    lease = member.lease
+    new_id = await group.observer.grant_lease(TTL_S)
+    # What LeaseKeeper does on a loss and on the next grant, with no await between them: the
+    # member's loop cannot run, so only the callback itself can fence.
+    old_id, lease.lease_id = lease.lease_id, None
+    lease.losses += 1
+    assert lease.on_lost is not None
+    assert lease.on_new_lease is not None
+    lease.on_lost()
+    lease.lease_id = new_id
+    lease._set_valid(lease.clock.monotonic_ms())
+    lease.on_new_lease(new_id)
+    assert not member.may_acknowledge()
+    await eventually(
+        lambda: ("step_down", "master lease lost") in group.replicas[master].events,
+        what="the loop steps the replica down",
+    )
+    assert old_id is not None
+    await group.observer.revoke(old_id)
+    await eventually(lambda: group.masters() == [master], 15.0, what="acting again")

@@ -68,6 +68,43 @@ def test_state_json_round_trip_uses_the_documented_keys() -> None:
 def test_malformed_state_raises_a_controller_error(raw: bytes) -> None:
     with pytest.raises(ControllerError, match="malformed"):
         GroupState.from_json(raw)
+
+
+def _doc(**changes: object) -> bytes:
+    doc: dict[str, object] = {
+        "epoch": 3,
+        "master": 2,
+        "masterAddr": A2.addr,
+        "masterHaAddr": A2.ha_addr,
+        "syncSet": [1, 2],
+        "epochs": [[1, 0], [2, 100], [3, 100]],
+    }
+    doc.update(changes)
+    return orjson.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"epochs": [[1, 0], [3, 100], [3, 200]]},  # epochs not strictly increasing
+        {"epochs": [[2, 0], [1, 100], [3, 200]]},
+        {"epochs": [[1, 0], [2, 300], [3, 200]]},  # a start going back
+        {"master": 3},  # the master outside syncSet
+        {"masterAddr": "10.0.0.2"},  # no port
+        {"masterHaAddr": ":10912"},  # no host
+        {"masterAddr": "10.0.0.2:99999"},
+        {"masterHaAddr": "10.0.0.2:x1"},
+    ],
+)
+def test_an_inconsistent_state_is_malformed(changes: dict[str, object]) -> None:
+    assert GroupState.from_json(_doc())  # the base document is valid
+    with pytest.raises(ControllerError, match="malformed"):
+        GroupState.from_json(_doc(**changes))
+
+
+def test_a_state_without_master_needs_no_addresses() -> None:
+    state = GroupState.from_json(_doc(master=0, masterAddr="", masterHaAddr="", syncSet=[1]))
+    assert state.master == 0
     assert issubclass(ControllerError, QueueError)
 
 
@@ -125,6 +162,16 @@ def test_key_names() -> None:
     assert alive_id(prefix + "3", prefix) == 3
     assert alive_id(prefix + "x", prefix) is None
     assert alive_id("/tidemq/groups/c/b/state", prefix) is None
+
+
+@pytest.mark.parametrize(
+    "rest", ["\u00b2", "\u0663", "0", "01", "-1", " 1", "1 ", "12345678901", ""]
+)
+def test_alive_id_takes_only_ascii_replica_ids(rest: str) -> None:
+    """ "²".isdigit() is True but int("²") raises: such a key must be skipped, not crash a read."""
+    prefix = alive_prefix("/tidemq", "c", "b")
+    assert alive_id(prefix + rest, prefix) is None
+    assert alive_id(prefix + "9999999999", prefix) == 9_999_999_999
 
 
 HISTORY = ((1, 0), (2, 100), (3, 130))

@@ -195,13 +195,17 @@ class EtcdSession:
         return Versioned(bytes(got.value), int(got.mod_revision), int(got.version))
 
     async def get_prefix(self, prefix: str) -> dict[str, Versioned]:
+        """Every key under `prefix`. Keys are decoded with errors="replace" and an entry that
+        cannot be read is skipped alone: one stray key must not hide the others."""
         got = await self._call("get prefix", lambda c: c.get_prefix(prefix.encode()))
-        return {
-            bytes(kv.key).decode(): Versioned(
-                bytes(kv.value), int(kv.mod_revision), int(kv.version)
-            )
-            for kv in got.kvs
-        }
+        found: dict[str, Versioned] = {}
+        for kv in got.kvs:
+            try:
+                key = bytes(kv.key).decode(errors="replace")
+                found[key] = Versioned(bytes(kv.value), int(kv.mod_revision), int(kv.version))
+            except (TypeError, ValueError) as e:
+                log.warning("etcd entry under %s skipped: %r", prefix, e)
+        return found
 
     async def cas(self, key: str, value: bytes, mod_revision: int) -> bool:
         """Put `value` only if the key is unchanged since it was read at `mod_revision`
@@ -286,7 +290,8 @@ async def _pump(watch: Any, queue: asyncio.Queue[Notice | BaseException | None])
         async for event in watch:
             kind: Literal["put", "delete"] = "put" if event.kind == "PUT" else "delete"
             kv = event.kv
-            notice = Notice(kind, bytes(kv.key).decode(), bytes(kv.value), int(kv.mod_revision))
+            key = bytes(kv.key).decode(errors="replace")
+            notice = Notice(kind, key, bytes(kv.value), int(kv.mod_revision))
             queue.put_nowait(notice)
     except asyncio.CancelledError:
         raise

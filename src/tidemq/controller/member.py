@@ -5,13 +5,15 @@ a lease event or a 200 ms tick, from the last state read (a watch keeps it fresh
 comes after every re-watch and every second):
 
     lease invalid ─────────────────────────────> master: step_down; others: wait for a new lease
-    no state ──────────── CAS create ──────────> MASTER of epoch 1
+    no state, no epoch history ─ CAS create ───> MASTER of epoch 1 (history: hold, log loudly)
+    state malformed, or missing (history) ─────> hold: act on nothing until a valid one is back
     state.master == me, acting ─────────────────> chores: shrink laggards / expand caught-up (CAS)
     state.master == me, not acting (restart) ──> elect myself for epoch + 1 (CAS)
     acting master, state names another ────────> step_down (deposed), then follow
     master alive ───────────────────────────────> SLAVE: become_slave(state) once per epoch
     master gone (no master / its alive key gone):
-        me in syncSet and alive ─ wait rank x 500 ms, re-read, stop replicating, CAS elect
+        me in syncSet, alive, last_epoch() == epoch ─ wait rank x 500 ms, re-read, stop
+                                                      replicating, CAS elect
         otherwise ─────────────── wait (no unclean election)
 
 Why this is safe (ARCHITECTURE.md has the whole argument): a master acknowledges only what every
@@ -30,11 +32,12 @@ import asyncio
 import contextlib
 import enum
 import logging
-from typing import Final, Protocol
+from typing import Final
 
 from tidemq.clock import Clock
 from tidemq.controller.etcd import EtcdSession, Notice
 from tidemq.controller.lease import LeaseKeeper
+from tidemq.controller.replica import Replica
 from tidemq.controller.state import (
     NO_MASTER,
     Addrs,
@@ -49,6 +52,8 @@ from tidemq.controller.state import (
     state_key,
 )
 
+__all__ = ["GroupMember", "Replica", "Role"]
+
 log = logging.getLogger(__name__)
 
 RANK_DELAY_MS: Final = 500
@@ -56,68 +61,8 @@ CHORE_INTERVAL_S: Final = 0.2
 REFRESH_INTERVAL_S: Final = 1.0
 # After an unexpected failure of the watch task, before it watches again.
 WATCH_RESTART_S: Final = 0.5
-
-
-class Replica(Protocol):
-    """What the member steers: the broker (broker/failover.py) implements it.
-
-    The member calls the async methods one at a time, from one task, in orders such as:
-
-        become_slave(E1) ... stop_replicating, become_master(E2)          a won election
-        become_slave(E1) ... stop_replicating, become_slave(E2)           a lost one
-        become_master(E1) ... step_down(why), become_slave(E2)            deposed
-        become_master(E1) ... step_down("master lease lost"), become_master(E2)   fenced, then
-                                                                          re-elected itself
-    become_master of the group's first epoch comes without stop_replicating. A method that
-    raises is called again on a later tick. The member's step_down can come late (etcd calls
-    in flight): the broker checks GroupMember.may_acknowledge() (or the lease's valid()) before
-    each acknowledgement itself.
-    """
-
-    @property
-    def broker_id(self) -> int:
-        """The replica id (brokerId >= 1), distinct in the group."""
-        ...
-
-    def address(self) -> str:
-        """Where clients reach this broker, "ip:port"."""
-        ...
-
-    def ha_address(self) -> str:
-        """This broker's HA listener, "ip:port" (what slaves of a master connect to)."""
-        ...
-
-    def max_offset(self) -> int:
-        """The commit log's end."""
-        ...
-
-    async def stop_replicating(self) -> int:
-        """Stop following any master; returns the log end, final until become_master/slave."""
-        ...
-
-    async def become_master(self, state: GroupState) -> None:
-        """Serve as master of `state.epoch` (the state is already CASed with us as master)."""
-        ...
-
-    async def become_slave(self, state: GroupState) -> None:
-        """Truncate as state.epochs requires, then follow state.master_ha_addr."""
-        ...
-
-    async def step_down(self, reason: str) -> None:
-        """Stop acknowledging now (fenced); the member follows whoever is master next."""
-        ...
-
-    def set_sync_set(self, ids: frozenset[int]) -> None:
-        """Master: the replicas whose acknowledgement a send waits for."""
-        ...
-
-    def lagging(self, max_ms: int) -> frozenset[int]:
-        """Master: syncSet slaves whose acked offset has not reached the end for max_ms."""
-        ...
-
-    def caught_up(self) -> frozenset[int]:
-        """Master: streaming slaves whose acked offset is at least the confirm offset."""
-        ...
+# GroupMember._hold while etcd has no state key.
+MISSING: Final = "missing"
 
 
 class Role(enum.Enum):
@@ -171,6 +116,13 @@ class GroupMember:
         self._alive_lease: int | None = None  # the lease our alive key was put on
         self._gone_since_ms: float | None = None
         self._refused_epoch: int | None = None  # the epoch _lacks_data last logged for
+        # Why self.state may not be acted on (MISSING, or a malformed value's error), or None.
+        self._hold: str | None = None
+        self._said: dict[str, str] = {}  # topic -> the last message _loud logged for it
+        # A CAS whose answer was lost (it may have been applied): (its base revision, its value).
+        self._pending: tuple[int, GroupState] | None = None
+        self._fence_reason: str | None = None  # set when the lease is lost while master
+        self._decide_losses = 0  # lease.losses when the current decision began
         self._last_error = ""
         self._need_read = True
         self._next_refresh_ms = 0.0
@@ -219,7 +171,12 @@ class GroupMember:
     # -- events ----------------------------------------------------------------------------
 
     def _on_lease_lost(self) -> None:
+        """Out of MASTER at once: a new lease may be granted before the loop runs, and
+        may_acknowledge must not be True on it meanwhile. The loop then calls step_down."""
         self._alive_lease = None
+        if self.role is Role.MASTER:
+            self.role = Role.FENCED
+            self._fence_reason = "master lease lost"
         self._wake.set()
 
     def _on_new_lease(self, lease_id: int) -> None:
@@ -244,15 +201,10 @@ class GroupMember:
             self._need_read = True
         elif notice.key == self._state_key:
             if notice.kind == "delete":
-                log.warning("group %s: the state key was deleted", self.group)
-                self.state, self._state_rev = None, 0
+                self._state_missing()
+                self._need_read = True
             elif notice.mod_revision >= self._state_rev:
-                try:
-                    self.state = GroupState.from_json(notice.value)
-                    self._state_rev = notice.mod_revision
-                except ControllerError as e:
-                    log.error("group %s: %s", self.group, e)
-                    self._need_read = True
+                self._take_state(notice.value, notice.mod_revision)
         else:
             replica_id = alive_id(notice.key, self._alive_prefix)
             if replica_id is None:
@@ -291,9 +243,9 @@ class GroupMember:
                 )
 
     async def _step(self) -> None:
-        if self.role is Role.MASTER and not self.lease.valid():
+        if self._fence_reason is not None or (self.role is Role.MASTER and not self.lease.valid()):
             # First and without etcd: a lost lease usually means etcd is out of reach.
-            await self._step_down("master lease lost")
+            await self._step_down(self._fence_reason or "master lease lost")
             return
         now = self.clock.monotonic_ms()
         refresh = now >= self._next_refresh_ms
@@ -316,14 +268,39 @@ class GroupMember:
             self._need_read = True
             raise
         if got is None:
-            self.state, self._state_rev = None, 0
-        else:
-            self.state, self._state_rev = GroupState.from_json(got.value), got.mod_revision
+            self._state_missing()
+        elif got.mod_revision >= self._state_rev:
+            # An older value (the watch or our own CAS's read showed a newer one) is ignored.
+            self._take_state(got.value, got.mod_revision)
         self.alive = {}
         for key, versioned in alive.items():
             replica_id = alive_id(key, self._alive_prefix)
             if replica_id is not None:
                 self.alive[replica_id] = _alive_record(versioned.value)
+
+    def _take_state(self, raw: bytes, rev: int) -> None:
+        """A state value read or watched at `rev`; a malformed one is held, not acted on."""
+        try:
+            state = GroupState.from_json(raw)
+        except ControllerError as e:
+            self._hold, self._state_rev = str(e), rev
+            self._loud("state", f"{e} (revision {rev}): not acting on it until it is fixed")
+            return
+        self.state, self._state_rev, self._hold = state, rev, None
+        self._said.pop("state", None)
+        self._said.pop("missing", None)
+
+    def _state_missing(self) -> None:
+        """No state key. The last state is kept (a master keeps serving while its lease holds)
+        but not acted on; only a replica without epoch history may create one (_create)."""
+        if self._hold != MISSING and self.state is not None:
+            log.warning(
+                "group %s replica %d: the state key is gone (last: epoch %d); holding",
+                self.group,
+                self.id,
+                self.state.epoch,
+            )
+        self._hold = MISSING
 
     async def _put_alive(self) -> None:
         lease_id = self.lease.lease_id
@@ -338,17 +315,20 @@ class GroupMember:
         self.alive[self.id] = record
 
     async def _decide(self) -> None:
-        if self.role is Role.MASTER and not self.lease.valid():
-            await self._step_down("master lease lost")
+        if self._fence_reason is not None or (self.role is Role.MASTER and not self.lease.valid()):
+            await self._step_down(self._fence_reason or "master lease lost")
             return
         if not self.lease.valid() or self._alive_lease is None:
             return  # without our alive key we may neither lead nor stand
+        self._decide_losses = self.lease.losses
         # The watch task moves self.state on at any await: decide on one snapshot, and CAS
         # against the revision it was read at.
         state, rev = self.state, self._state_rev
-        if state is None:
+        if self._hold == MISSING:
             await self._create()
             return
+        if state is None or self._hold is not None:
+            return  # malformed: logged by _take_state; a fixed value comes by watch or read
         if self.role is Role.MASTER and state.master != self.id:
             await self._step_down(f"deposed: epoch {state.epoch} names master {state.master}")
             self._wake.set()  # follow on the next step, from a fresh snapshot
@@ -369,8 +349,20 @@ class GroupMember:
     # -- transitions -----------------------------------------------------------------------
 
     async def _create(self) -> None:
+        """Epoch 1, only by a replica that never took part in an epoch (a new group, or a 4.x
+        store being converted): one with history finding no state means the state was lost,
+        and a fresh epoch 1 could elect a replica without the acknowledged messages."""
+        last = self.replica.last_epoch()
+        if last != 0 or self.role is Role.MASTER:
+            self._loud(
+                "missing",
+                f"the group's state is missing from etcd but this replica has epoch history "
+                f"(last epoch {last}, role {self.role.value}): restore it or wipe this replica; "
+                "not creating it",
+            )
+            return
         first = GroupState.first(self.id, self._addrs(), self.replica.max_offset())
-        if not await self.session.cas(self._state_key, first.to_json(), 0):
+        if not await self._try_cas(0, first, won=True):
             self._log("another member created the group state first")
             await self._read()
             return
@@ -397,6 +389,8 @@ class GroupMember:
                     f"{sorted(state.sync_set)}, so not a candidate"
                 )
             return
+        if not self._may_stand(state):
+            return
         candidates = sorted(i for i in state.sync_set if i in self.alive)
         if self.id not in candidates:
             return
@@ -412,13 +406,17 @@ class GroupMember:
             return
         await self._read()
         fresh, rev = self.state, self._state_rev
-        if fresh != state or (fresh.master != NO_MASTER and fresh.master in self.alive):
+        if (
+            self._hold is not None
+            or fresh != state
+            or (fresh.master != NO_MASTER and fresh.master in self.alive)
+        ):
             return  # the master came back or the state moved: decide again
         await self._elect(fresh, rev)
 
     async def _elect(self, state: GroupState, rev: int) -> None:
         """Stop replicating, then CAS ourselves in as master of epoch + 1."""
-        if self._lacks_data(state, self.replica.max_offset()):
+        if not self._may_stand(state) or self._lacks_data(state, self.replica.max_offset()):
             return
         offset = await self.replica.stop_replicating()
         if self.role is Role.SLAVE:
@@ -427,7 +425,7 @@ class GroupMember:
         if self._lacks_data(state, offset):
             return
         new = state.elect(self.id, self._addrs(), offset)
-        if not await self.session.cas(self._state_key, new.to_json(), rev):
+        if not await self._try_cas(rev, new, won=True):
             self._log(f"lost the election for epoch {new.epoch}")
             await self._read()
             return
@@ -439,6 +437,24 @@ class GroupMember:
         self._gone_since_ms = None
         await self._read()
         await self._become_master(new)
+
+    def _may_stand(self, state: GroupState) -> bool:
+        """Every genuine syncSet member of epoch E has recorded E (a master at promotion, a
+        slave before it follows); one that has not (a wiped store back under its old id, whose
+        log may even reach the epoch's start) lacks what E's master acknowledged."""
+        last = self.replica.last_epoch()
+        if last == state.epoch:
+            return True
+        if state.master == self.id and last >= 1 and last == state.epoch - 1:
+            # We won this epoch's CAS (a genuine member of the one before) and stopped before
+            # becoming master: nobody acknowledged anything in it, our log is that of `last`.
+            return True
+        self._loud(
+            "stand",
+            f"epoch {state.epoch}: my last recorded epoch is {last}, so this replica (wiped, or "
+            "never followed this epoch's master) may lack acknowledged messages: not standing",
+        )
+        return False
 
     def _lacks_data(self, state: GroupState, offset: int) -> bool:
         """A log that ends before the current epoch's start cannot hold what that epoch's master
@@ -461,6 +477,11 @@ class GroupMember:
 
     async def _become_master(self, state: GroupState) -> None:
         await self.replica.become_master(state)
+        if self.lease.losses != self._decide_losses:
+            # The lease (and our alive key) went while we took over: a successor may already
+            # stand, so never act on a newer lease; step down, then finish on a later decision.
+            self._fence_reason = "master lease lost"
+            return
         self.replica.set_sync_set(state.sync_set)
         self._local_sync = state.sync_set
         self.role = Role.MASTER
@@ -481,7 +502,9 @@ class GroupMember:
         self.role = Role.FENCED
         self._following_epoch = None
         self._local_sync = None
+        self._fence_reason = reason  # until the replica has done it (retried on a failure)
         await self.replica.step_down(reason)
+        self._fence_reason = None
 
     async def _chores(self, state: GroupState, rev: int) -> None:
         """Master: shrink syncSet by the laggards, or expand it by the caught-up; each a CAS."""
@@ -489,38 +512,68 @@ class GroupMember:
         if now < self._next_chore_ms:
             return
         self._next_chore_ms = now + self.chore_interval_s * 1000
-        if self._local_sync != state.sync_set:
-            # The committed set (read or watched) is what acks wait for.
-            self.replica.set_sync_set(state.sync_set)
-            self._local_sync = state.sync_set
+        pending = self._pending
+        if pending is not None and (rev > pending[0] or pending[1].epoch != state.epoch):
+            self._pending = pending = None  # settled: the state moved past its base revision
+        # The committed set (read or watched) is what acks wait for; while a lost CAS may
+        # still apply, also the set it named (never lower than the last attempt).
+        self._require(state.sync_set | (pending[1].sync_set if pending else frozenset()))
+        if pending is not None:
+            # Its outcome is unknown while the state is still at its base: repeat it, and
+            # either outcome settles it (it wins, or the state moved and the read shows how).
+            await self._cas(state, rev, pending[1], "repeat a CAS whose answer was lost")
+            return
         laggards = self.replica.lagging(self.lagging_ms) & (state.sync_set - {self.id})
         if laggards:
             new = state.shrink(laggards)
             # Only once etcd has the smaller set may acks stop waiting for the laggards.
             if await self._cas(state, rev, new, f"shrink syncSet by {sorted(laggards)}"):
-                self.replica.set_sync_set(new.sync_set)
-                self._local_sync = new.sync_set
+                self._require(new.sync_set)
             return
         caught_up = self.replica.caught_up() - state.sync_set
         if caught_up:
             new = state.expand(caught_up)
             # Required locally before etcd names them: a stricter ack rule is always safe.
-            self.replica.set_sync_set(new.sync_set)
-            self._local_sync = new.sync_set
+            self._require(new.sync_set)
             if not await self._cas(state, rev, new, f"expand syncSet by {sorted(caught_up)}"):
-                self.replica.set_sync_set(state.sync_set)
-                self._local_sync = state.sync_set
+                # Lost to a newer state: drop them again, but only by that newer state (never
+                # by the snapshot the CAS was based on, which an earlier CAS may have passed).
+                fresh = self.state
+                if self._state_rev > rev and fresh is not None and fresh.master == self.id:
+                    self._require(fresh.sync_set)
+
+    def _require(self, ids: frozenset[int]) -> None:
+        """The set the replica's acks wait for, set only when it changes."""
+        if self._local_sync != ids:
+            self.replica.set_sync_set(ids)
+            self._local_sync = ids
 
     async def _cas(self, state: GroupState, rev: int, new: GroupState, what: str) -> bool:
         """One CAS from `state` (read at `rev`); on a loss, re-read so the next decision sees
         why."""
-        if await self.session.cas(self._state_key, new.to_json(), rev):
+        if await self._try_cas(rev, new):
             self._log(f"epoch {state.epoch}: {what} -> {sorted(new.sync_set)}")
             await self._read()
             return True
         self._log(f"epoch {state.epoch}: {what} lost its CAS; re-reading")
         await self._read()
         return False
+
+    async def _try_cas(self, rev: int, new: GroupState, *, won: bool = False) -> bool:
+        """CAS the state from `rev` to `new`. When the answer is lost (EtcdUnavailable) the CAS
+        may have been applied all the same: remember it (_pending; `won`: an election, which
+        _reclaim finishes if a read shows it applied) and re-read first."""
+        try:
+            answer = await self.session.cas(self._state_key, new.to_json(), rev)
+        except EtcdUnavailable:
+            self._need_read = True
+            self._pending = (rev, new)
+            if won:
+                self._won = new
+            raise
+        if self._pending is not None and self._pending[0] == rev:
+            self._pending = None  # answered from the same base: the lost one can no longer apply
+        return answer
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -529,6 +582,13 @@ class GroupMember:
 
     def _log(self, message: str) -> None:
         log.info("group %s replica %d (%s): %s", self.group, self.id, self.role.value, message)
+
+    def _loud(self, topic: str, message: str) -> None:
+        """An error the operator must act on, logged once per distinct message of a topic (it
+        holds on every tick until fixed)."""
+        if self._said.get(topic) != message:
+            self._said[topic] = message
+            log.error("group %s replica %d: %s", self.group, self.id, message)
 
 
 def _alive_record(raw: bytes) -> AliveRecord | None:

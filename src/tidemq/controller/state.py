@@ -22,6 +22,8 @@ acknowledge; the master adds each back (expand) once it has caught up.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import re
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -138,6 +140,7 @@ class GroupState:
         )
         if history[-1][0] != state.epoch:
             raise ControllerError(f"malformed group state: epoch {state.epoch}, history {epochs}")
+        _check_consistent(state)
         return state
 
 
@@ -159,6 +162,38 @@ class AliveRecord:
     def from_json(cls, raw: bytes) -> AliveRecord:
         doc = _object(raw, "alive record")
         return cls(_str(doc, "addr"), _str(doc, "haAddr"), _int(doc, "maxOffset", minimum=0))
+
+
+def _check_consistent(state: GroupState) -> None:
+    """What every state a member CASes satisfies; a state that breaks it was written by hand or
+    by a bug, and acting on it (electing from it, truncating by it) could lose data."""
+    for (epoch, start), (next_epoch, next_start) in itertools.pairwise(state.epochs):
+        if next_epoch <= epoch or next_start < start:
+            raise ControllerError(
+                f"malformed group state: epochs {[list(e) for e in state.epochs]} (epochs must "
+                "increase strictly and their starts must not decrease)"
+            )
+    if state.master == NO_MASTER:
+        return
+    if state.master not in state.sync_set:
+        raise ControllerError(
+            f"malformed group state: master {state.master} is not in syncSet "
+            f"{sorted(state.sync_set)}"
+        )
+    for name, addr in (("masterAddr", state.master_addr), ("masterHaAddr", state.master_ha_addr)):
+        if not _is_host_port(addr):
+            raise ControllerError(f"malformed group state: {name} {addr!r} (host:port)")
+
+
+def _is_host_port(addr: str) -> bool:
+    host, colon, port = addr.rpartition(":")
+    return bool(host and colon and _PORT.fullmatch(port) and 0 < int(port) < 65536)
+
+
+_PORT: Final = re.compile(r"[0-9]{1,5}")
+# A replica id as an alive key names it: brokerId >= 1, ASCII digits only ("²".isdigit() is True
+# but int() refuses it), at most 10 digits.
+_REPLICA_ID: Final = re.compile(r"[1-9][0-9]{0,9}")
 
 
 def _object(raw: bytes, what: str) -> dict[str, Any]:
@@ -213,11 +248,12 @@ def alive_key(prefix: str, cluster: str, name: str, replica_id: int) -> str:
 
 
 def alive_id(key: str, alive_prefix_: str) -> int | None:
-    """The replica id an alive key names, or None for any other key."""
+    """The replica id an alive key names, or None for any other key (a stray key under the
+    prefix must not stop the member from reading the others)."""
     if not key.startswith(alive_prefix_):
         return None
     rest = key[len(alive_prefix_) :]
-    return int(rest) if rest.isdigit() else None
+    return int(rest) if _REPLICA_ID.fullmatch(rest) else None
 
 
 def truncation_point(local_last_epoch: int | None, history: Epochs, local_max: int) -> int | None:
