@@ -1,84 +1,34 @@
 """SlaveSync against a real master over loopback: the four tables copied, the measured staleness
 bound (interval + one round trip), a failed copy keeps the last tables with rate-limited lines,
-the bodies of 45 and 201 in RocketMQ's shapes, and consumer offsets committed on the slave kept
-across the master's copies and pushed to it (broker/offsets.py's merge rule)."""
+the bodies of 43, 45 and 201 in RocketMQ's shapes (plus TideMQ's keys), and consumer offsets
+committed on the slave kept across the master's copies and pushed to it (broker/offsets.py's
+merge rule). The slave's tables sit on a real store whose log `Copy.round` first brings up to the
+master's (slave_tables.py); test_slave_sync_hold.py covers copies ahead of that log."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 import pytest
 from broker_harness import Harness, eventually, running_broker
+from slave_tables import INTERVAL_MS, slave_tables
 
-from tidemq.broker.groups import SubscriptionGroupTable
-from tidemq.broker.offsets import ConsumerOffsetTable
-from tidemq.broker.schedule import ScheduleService
-from tidemq.broker.slave_sync import SlaveSync
+from tidemq.broker.offsets import decode_offsets
+from tidemq.broker.schedule import decode_progress
+from tidemq.broker.slave_sync import LOG_OFFSET_KEY
 from tidemq.broker.timer import TIMER_PROGRESS_KEY
-from tidemq.broker.topics import TopicTable
 from tidemq.clock import SystemClock
 from tidemq.errors import ProtocolError
 from tidemq.protocol.bodies import TopicConfig
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.remoting.client import RemotingClient
-from tidemq.store.message_store import FileMessageStore
 
-INTERVAL_MS = 100
 # What the loopback round trip and a loaded test machine may add to the interval.
 ROUND_TRIP_ALLOWANCE_MS = 150
-
-
-@dataclass
-class Copy:
-    sync: SlaveSync
-    topics: TopicTable
-    groups: SubscriptionGroupTable
-    offsets: ConsumerOffsetTable
-    schedule: ScheduleService
-
-
-@contextlib.asynccontextmanager
-async def slave_tables(
-    root: Path, master_addr: str | None, client: RemotingClient | None = None
-) -> AsyncIterator[Copy]:
-    """A slave's four tables (no store traffic) and a SlaveSync copying into them."""
-    clock = SystemClock()
-    config_dir = root / "config"
-    topics = TopicTable(
-        config_dir,
-        clock,
-        cluster_name="DefaultCluster",
-        broker_name="broker-a",
-        auto_create_topic_enable=True,
-        default_topic_queue_nums=4,
-    )
-    groups = SubscriptionGroupTable(config_dir, clock, auto_create=True)
-    offsets = ConsumerOffsetTable(config_dir)
-    schedule = ScheduleService(_unused_store(), (1000,), clock, config_dir)
-    client = client or RemotingClient(clock=clock)
-    sync = SlaveSync(
-        client, topics, groups, offsets, schedule, clock, interval_ms=INTERVAL_MS, timeout_ms=500
-    )
-    sync.set_master(master_addr)
-    try:
-        yield Copy(sync, topics, groups, offsets, schedule)
-    finally:
-        await sync.stop()
-        await client.close()
-        await topics.flush()
-        await groups.flush()
-
-
-def _unused_store() -> FileMessageStore:
-    # The schedule service never runs here: only its progress table is copied.
-    return None  # type: ignore[return-value]
 
 
 async def test_one_round_copies_the_four_tables(tmp_path: Path, broker: Harness) -> None:
@@ -88,7 +38,7 @@ async def test_one_round_copies_the_four_tables(tmp_path: Path, broker: Harness)
     master.groups.find_or_create("G1")
     master.schedule.replace_progress(b'{"offsetTable":{"2":9}}')
     async with slave_tables(tmp_path, broker.addr) as copy:
-        assert await copy.sync.sync_once()
+        assert await copy.round(broker)
         assert copy.topics.snapshot() == master.topics.snapshot()
         assert copy.topics.data_version == master.topics.data_version
         assert copy.offsets.query("G1", "TopicCopy", 0) == 1
@@ -97,7 +47,7 @@ async def test_one_round_copies_the_four_tables(tmp_path: Path, broker: Harness)
         assert copy.offsets.dirty  # written by the slave's own periodic persistence
         # Nothing changed on the master: a second round replaces nothing.
         version = copy.topics.data_version
-        assert await copy.sync.sync_once()
+        assert await copy.round(broker)
         assert copy.topics.data_version is version
 
 
@@ -128,7 +78,7 @@ async def test_a_failed_copy_keeps_the_last_tables_and_logs_a_few_lines(
         broker.app.offsets.commit("G2", "TopicKeep", 0, 4)
         addr = broker.addr
         async with slave_tables(tmp_path / "slave", addr) as copy:
-            assert await copy.sync.sync_once()
+            assert await copy.round(broker)
     # The master is gone: every round fails, the tables stay, the log gets a few lines.
     async with slave_tables(tmp_path / "slave2", addr) as copy:
         copy.offsets.commit("G2", "TopicKeep", 0, 4)
@@ -154,15 +104,29 @@ async def test_a_bad_body_changes_nothing_of_that_table(tmp_path: Path) -> None:
         assert not await copy.sync.sync_once()  # no master known: nothing to do
 
 
-async def test_delay_and_group_bodies_have_rocketmqs_shapes(broker: Harness) -> None:
+async def test_offset_delay_and_group_bodies_have_rocketmqs_shapes(broker: Harness) -> None:
+    assert (await broker.send("TopicShape", b"m")).code == ResponseCode.SUCCESS
+    log_end = broker.app.store.max_physical_offset
+    assert log_end > 0
     # fastjson's unquoted keys, as a RocketMQ master answers 45, are read too.
     assert broker.app.schedule.replace_progress(b'{"offsetTable":{1:3}}')
     delay = await broker.call(RemotingCommand(code=RequestCode.GET_ALL_DELAY_OFFSET))
     assert delay.code == ResponseCode.SUCCESS
     delays = orjson.loads(delay.body)
-    # TideMQ's extension for its slaves (test_timer_copy.py), next to RocketMQ's key as it is.
+    # TideMQ's extensions for its slaves (test_timer_copy.py, test_slave_sync_hold.py), next to
+    # RocketMQ's key as it is; the log end first, so it is no older than the table.
+    assert list(delays) == ["offsetTable", LOG_OFFSET_KEY, TIMER_PROGRESS_KEY]
     assert set(delays.pop(TIMER_PROGRESS_KEY)) == {"bucketMs", "logOffset", "watermarks"}
-    assert delays == {"offsetTable": {"1": 3}}
+    assert delays == {"offsetTable": {"1": 3}, LOG_OFFSET_KEY: log_end}
+    # Our own parsers read only RocketMQ's key (so do fastjson's wrappers).
+    assert decode_progress(delay.body) == {1: 3}
+    broker.app.offsets.commit("GS", "TopicShape", 0, 1)
+    offset = await broker.call(RemotingCommand(code=RequestCode.GET_ALL_CONSUMER_OFFSET))
+    assert orjson.loads(offset.body) == {
+        "offsetTable": {"TopicShape@GS": {"0": 1}},
+        LOG_OFFSET_KEY: log_end,
+    }
+    assert decode_offsets(offset.body) == {"TopicShape@GS": {0: 1}}
     broker.app.groups.find_or_create("G4")
     groups = await broker.call(RemotingCommand(code=RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG))
     assert groups.code == ResponseCode.SUCCESS
@@ -213,7 +177,7 @@ async def test_commits_made_on_the_slave_survive_the_masters_return(tmp_path: Pa
             for queue_id in (0, 1):
                 master.app.offsets.commit("GO", "TopicOut", queue_id, 10)
             copy.sync.set_master(master.addr)
-            assert await copy.sync.sync_once()
+            assert await copy.round(master)
             assert copy.offsets.offsets("GO", "TopicOut") == {0: 10, 1: 10}
         for queue_id, offset in slave_offsets.items():  # the master is down
             copy.offsets.commit("GO", "TopicOut", queue_id, offset, pending=True)
@@ -222,10 +186,10 @@ async def test_commits_made_on_the_slave_survive_the_masters_return(tmp_path: Pa
         async with running_broker(tmp_path / "master") as master:  # back, same store
             assert master.app.offsets.offsets("GO", "TopicOut") == {0: 10, 1: 10}
             copy.sync.set_master(master.addr)
-            assert await copy.sync.sync_once()
+            assert await copy.round(master)
             assert copy.offsets.offsets("GO", "TopicOut") == slave_offsets
             assert master.app.offsets.offsets("GO", "TopicOut") == slave_offsets  # pushed
-            assert await copy.sync.sync_once()
+            assert await copy.round(master)
             assert copy.offsets.offsets("GO", "TopicOut") == slave_offsets
             assert copy.offsets.pending_count == 0  # settled: the master has them
 
@@ -238,12 +202,12 @@ async def test_the_masters_moves_win_over_pending_commits(tmp_path: Path, broker
     master.commit("GM", "TopicMove", 0, 10)
     master.commit("GM", "TopicMove", 1, 10)
     async with slave_tables(tmp_path, broker.addr) as copy:
-        assert await copy.sync.sync_once()
+        assert await copy.round(broker)
         copy.offsets.commit("GM", "TopicMove", 0, 30, pending=True)
         copy.offsets.commit("GM", "TopicMove", 1, 20, pending=True)
         master.commit("GM", "TopicMove", 0, 5)  # reset on the master
         master.commit("GM", "TopicMove", 1, 35)  # consumed further there
-        assert await copy.sync.sync_once()
+        assert await copy.round(broker)
         assert copy.offsets.offsets("GM", "TopicMove") == {0: 5, 1: 35}
         assert copy.offsets.pending_count == 0
         assert master.offsets("GM", "TopicMove") == {0: 5, 1: 35}
@@ -256,26 +220,26 @@ async def test_a_failed_push_goes_again_next_round_with_one_log_line(
     broker.app.offsets.commit("GP", "TopicPush", 0, 10)
     client = FlakyPushes(failures=3)
     async with slave_tables(tmp_path, broker.addr, client) as copy:
-        assert await copy.sync.sync_once()
+        assert await copy.round(broker)
         copy.offsets.commit("GP", "TopicPush", 0, 40, pending=True)
         with caplog.at_level(logging.WARNING, logger="tidemq.broker.slave_sync"):
             for _ in range(3):
-                assert await copy.sync.sync_once()  # the tables are copied; the push fails
+                assert await copy.round(broker)  # the tables are copied; the push fails
                 assert broker.app.offsets.query("GP", "TopicPush", 0) == 10
                 assert copy.offsets.query("GP", "TopicPush", 0) == 40
         lines = [r.getMessage() for r in caplog.records if r.name == "tidemq.broker.slave_sync"]
         assert len(lines) == 1, lines
         assert "pushing 1 of 1 consumer offsets" in lines[0]
-        assert await copy.sync.sync_once()
+        assert await copy.round(broker)
         assert broker.app.offsets.query("GP", "TopicPush", 0) == 40
-        assert await copy.sync.sync_once()
+        assert await copy.round(broker)
         assert copy.offsets.pending_count == 0
 
 
 async def test_a_push_the_master_refuses_is_dropped(tmp_path: Path, broker: Harness) -> None:
     async with slave_tables(tmp_path, broker.addr) as copy:
         copy.offsets.commit("GR", "TopicNowhere", 0, 7, pending=True)
-        assert await copy.sync.sync_once()  # TOPIC_NOT_EXIST on the master
+        assert await copy.round(broker)  # TOPIC_NOT_EXIST on the master
         assert copy.offsets.pending_count == 0
         assert copy.offsets.query("GR", "TopicNowhere", 0) == 7  # only the slave has the pair
         assert broker.app.offsets.query("GR", "TopicNowhere", 0) is None

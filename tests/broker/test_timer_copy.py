@@ -15,6 +15,7 @@ import orjson
 import pytest
 from broker_harness import Harness, eventually, running_broker
 
+from tidemq.broker.slave_sync import LOG_OFFSET_KEY
 from tidemq.broker.timer import (
     TIMER_PROGRESS_FILE,
     TIMER_PROGRESS_KEY,
@@ -213,9 +214,10 @@ async def test_a_promoted_slave_does_not_deliver_a_copied_timer_again(tmp_path: 
         sent = await group.master.send(TOPIC, b"once", properties=props)
         assert sent.code == ResponseCode.SUCCESS, sent.remark
         await eventually(lambda: master.timer.delivered == 1, TIMEOUT_S)
-        # The master's answer to 45 keeps RocketMQ's key and adds TideMQ's.
+        # The master's answer to 45 keeps RocketMQ's key and adds TideMQ's (slave_sync.py).
         answer = await group.master.call(RemotingCommand(code=RequestCode.GET_ALL_DELAY_OFFSET))
-        assert list(orjson.loads(answer.body)) == ["offsetTable", TIMER_PROGRESS_KEY]
+        keys = ["offsetTable", LOG_OFFSET_KEY, TIMER_PROGRESS_KEY]
+        assert list(orjson.loads(answer.body)) == keys
         bucket = str(master.timer.bucket_of(deliver_ms))
         slave = group.slave.app
         await eventually(

@@ -221,16 +221,17 @@ class ScheduleService:
         Raises:
             ProtocolError: `data` is not a delay offset table (nothing changes).
         """
-        try:
-            table = orjson.loads(quote_int_keys(data)).get("offsetTable") or {}
-            progress = {int(level): int(offset) for level, offset in table.items()}
-        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"not a delay offset table: {exc}") from exc
+        progress = decode_progress(data)
         if progress == self._progress:
             return False
         self._progress = progress
         self._dirty = True
         return True
+
+    @property
+    def store(self) -> FileMessageStore:
+        """The store it reads and re-stores into (a slave's SlaveSync compares log ends)."""
+        return self._store
 
     def to_json(self) -> bytes:
         """The progress as GET_ALL_DELAY_OFFSET (45) answers it (RocketMQ's delayOffset.json
@@ -334,6 +335,19 @@ class ScheduleService:
         done = restore(self._store, stored)
         self.delivered += done
         return done
+
+
+def decode_progress(data: bytes) -> dict[int, int]:
+    """The level -> next offset table of a delayOffset.json document (keys quoted or not).
+
+    Raises:
+        ProtocolError: `data` is not a delay offset table.
+    """
+    try:
+        table = orjson.loads(quote_int_keys(data)).get("offsetTable") or {}
+        return {int(level): int(offset) for level, offset in table.items()}
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"not a delay offset table: {exc}") from exc
 
 
 def restore(store: FileMessageStore, stored: rec.StoredMessage) -> bool:

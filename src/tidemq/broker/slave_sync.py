@@ -8,6 +8,7 @@ SlaveSynchronize, every slaveSyncIntervalMs instead of a fixed 10 s).
         GET_ALL_DELAY_OFFSET (45)              ─▶ ScheduleService.replace_progress, and its
                                                   "tidemqTimerProgress" key (a TideMQ master's)
                                                   ─▶ TimerWheel.copy_progress (max per bucket)
+        43 and 45 wait until this slave's log reaches their "tidemqLogOffset" (below)
         GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201) ─▶ SubscriptionGroupTable.replace_all
     the four requests go out together; each has its own timeout (SLAVE_SYNC_TIMEOUT_MS)
     then, when 43 was copied: UPDATE_CONSUMER_OFFSET (15) to the master for each commit made on
@@ -15,11 +16,38 @@ SlaveSynchronize, every slaveSyncIntervalMs instead of a fixed 10 s).
     at a time; one that fails goes again next round (one line per LogLimit window), one the
     master refuses (no such topic or queue there) is dropped
 
-The transaction check-back's progress lives in the consumer offset table (its op queue's
-offset), so it travels with 43. The timer wheel's watermarks travel with 45 so that a slave
-promoted to master (issue 14) does not deliver again the timers its old master delivered before
-the last copy; a slave applies them only once its log holds those deliveries (broker/timer.py).
-A RocketMQ master's answer has no such key: the timers' watermarks then stay as they were.
+The transaction check-back's progress lives in the consumer offset table (the half and op
+queues' offsets of CID_RMQ_SYS_TRANS), so it travels with 43. The timer wheel's watermarks
+travel with 45 so that a slave promoted to master (issue 14) does not deliver again the timers
+its old master delivered before the last copy; a slave applies them only once its log holds those
+deliveries (broker/timer.py). A RocketMQ master's answer has no such key: the timers' watermarks
+then stay as they were.
+
+Progress never ahead of the log. The offsets of 43 and the delay levels' progress of 45 point
+into the master's log: a delay level advances once its due message is re-stored, the check-back's
+half offset once its halves' op messages or copies are stored, a consumer's once it pulled what
+is there. A slave whose log does not hold those records yet, promoted with such a copy, would
+never deliver the delayed messages, never check those halves back, and skip the messages its
+new master stores at the queue offsets past its log (loss). So a TideMQ master's answers to 43
+and 45 carry "tidemqLogOffset": its log end read BEFORE the table (every record the table
+points at is below it), and the slave applies such a copy only once its own log reaches it:
+
+    master: L = log end; table ─▶ {"offsetTable":{...},"tidemqLogOffset":L}
+    slave:  L <= its log end ─▶ applied now (held older copies of that table are dropped)
+            L >  its log end ─▶ held; applied at the start of a later round, or at stop (what
+                                a promotion does first), once its log reaches L
+
+Per table at most two copies are held, the oldest and the newest: the oldest is reached first,
+so a slave that lags by more than an interval still moves on; the newest is the freshest once
+it catches up; the newest reached one is applied and every older one dropped (each is a whole
+table). A copy held is checked when it arrives (a bad body is refused then, as an applied one
+is). Held copies are dropped when the master changes (another log: its offsets would mean other
+records), and held copies of 43 when offsets are pushed (they were read before the push, and the
+merge rule would take their older values for a reset). An answer without the key (a RocketMQ
+master) is applied at once, as before; the timer's own key has its own hold (broker/timer.py).
+A slave that keeps up applies a copy at once or at the next round; after a promotion, a copy it
+had not applied yet means duplicates (an older progress), never loss. The slave's log end is
+its store's max physical offset (the store its ScheduleService re-stores into).
 
 A failed copy (the master down, a timeout, an error answer, a body that does not parse) changes
 nothing of that table: the slave keeps serving the last tables it copied, and says so in one
@@ -27,7 +55,8 @@ line per LogLimit window (a master that is down for an hour makes a few lines, n
 other tables of the round are still applied: each is a replacement on its own.
 
 Staleness bound: a change on the master is on the slave at most one interval plus one round
-trip (the request, the master's answer, the apply) after it is made, while the master answers:
+trip (the request, the master's answer, the apply) after it is made, while the master answers
+(for 43 and 45: and the slave's log keeps up, above):
 the round that started just before the change misses it, the next one starts one interval after
 that round ended. tests/broker/test_slave_sync.py measures it: at an interval of 100 ms on
 loopback the observed lag of five changes was 69-119 ms (the round itself, four requests sent
@@ -49,14 +78,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
 from tidemq.broker.groups import SubscriptionGroupTable
-from tidemq.broker.offsets import ConsumerOffsetTable, OffsetPush
+from tidemq.broker.offsets import ConsumerOffsetTable, OffsetPush, decode_offsets
 from tidemq.broker.persist import quote_int_keys
-from tidemq.broker.schedule import ScheduleService
+from tidemq.broker.schedule import ScheduleService, decode_progress
 from tidemq.broker.service import PeriodicService
 from tidemq.broker.timer import TIMER_PROGRESS_KEY, TimerWheel
 from tidemq.broker.topics import TopicTable
@@ -85,9 +114,40 @@ _CODES: Final = (
     RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
 )
 
+# 43's and 45's TideMQ key: the master's log end when it read the table (module doc).
+LOG_OFFSET_KEY: Final = "tidemqLogOffset"
+
 # Answers to UPDATE_CONSUMER_OFFSET that no retry changes (the master has no such topic or queue
 # any more); others (SYSTEM_BUSY, a timeout) are retried next round.
 _PUSH_REFUSALS: Final = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SYSTEM_ERROR})
+
+
+class HeldCopies:
+    """One table's copies that the slave's log has not reached yet (module doc), oldest first:
+    at most the oldest and the newest."""
+
+    def __init__(self) -> None:
+        self._copies: list[tuple[int, bytes]] = []  # (master's log offset, body)
+
+    def __len__(self) -> int:
+        return len(self._copies)
+
+    def hold(self, log_offset: int, body: bytes) -> None:
+        self._copies.append((log_offset, body))
+        del self._copies[1:-1]
+
+    def take(self, reached: int) -> bytes | None:
+        """The newest copy whose log offset is at most `reached`, dropped with every older
+        one; None when none is reached."""
+        due = [i for i, (log_offset, _) in enumerate(self._copies) if log_offset <= reached]
+        if not due:
+            return None
+        body = self._copies[due[-1]][1]
+        del self._copies[: due[-1] + 1]
+        return body
+
+    def clear(self) -> None:
+        self._copies.clear()
 
 
 class SlaveSync:
@@ -114,6 +174,15 @@ class SlaveSync:
         self._schedule = schedule
         self._timer = timer
         self._pushes: list[OffsetPush] = []  # due after this round's copy of 43
+        # 43 and 45: copies ahead of this slave's log, and how each is applied (module doc).
+        self._held: dict[int, HeldCopies] = {
+            RequestCode.GET_ALL_CONSUMER_OFFSET: HeldCopies(),
+            RequestCode.GET_ALL_DELAY_OFFSET: HeldCopies(),
+        }
+        self._apply_now: dict[int, Callable[[bytes], object]] = {
+            RequestCode.GET_ALL_CONSUMER_OFFSET: self._copy_offsets_now,
+            RequestCode.GET_ALL_DELAY_OFFSET: schedule.replace_progress,
+        }
         self._apply: dict[int, Callable[[bytes], object]] = {
             RequestCode.GET_ALL_TOPIC_CONFIG: lambda body: topics.replace_all(
                 TopicConfigSerializeWrapper.from_json(body)
@@ -140,6 +209,8 @@ class SlaveSync:
         if master_addr != self._master_addr:
             log.info("slave copies metadata from master %s", master_addr or "(none known)")
             self._master_addr = master_addr
+            for held in self._held.values():
+                held.clear()  # another master's log: its offsets mean other records
             if master_addr is not None:
                 self._periodic.trigger()
 
@@ -147,7 +218,27 @@ class SlaveSync:
         self._periodic.start()
 
     async def stop(self) -> None:
+        """Stop copying; held copies the log has reached are applied first, so the tables a
+        promotion starts from are the freshest the log covers."""
         await self._periodic.stop()
+        self._pushes = []
+        self._apply_reached()
+
+    def held(self, code: int) -> int:
+        """Copies of table `code` (43 or 45) held until this slave's log reaches them."""
+        return len(self._held[code])
+
+    def _log_end(self) -> int:
+        return self._schedule.store.max_physical_offset
+
+    def _apply_reached(self, *codes: int) -> None:
+        """Apply the newest held copy of each table (`codes`, default both) that the log now
+        reaches; a held copy was checked when it came, so this does not raise."""
+        reached = self._log_end()
+        for code in codes or tuple(self._held):
+            body = self._held[code].take(reached)
+            if body is not None:
+                self._apply_now[code](body)
 
     async def sync_once(self) -> bool:
         """One copy round; True when every table was copied (see the module doc)."""
@@ -156,9 +247,12 @@ class SlaveSync:
             return False
         self.rounds += 1
         self._pushes = []
+        self._apply_reached()
         answers = await asyncio.gather(*(self._fetch(addr, code) for code in _CODES))
         if self._pushes:
             await self._push_offsets(addr, self._pushes)
+            # Read before the push: applied later, the merge would take their values for a reset.
+            self._held[RequestCode.GET_ALL_CONSUMER_OFFSET].clear()
         failed = [
             f"{RequestCode(code).name}: {problem}"
             for code, problem in zip(_CODES, answers, strict=True)
@@ -196,17 +290,40 @@ class SlaveSync:
         return None
 
     def _copy_delays(self, body: bytes) -> None:
-        """45: delay levels, then the timer watermarks (each a table on its own: a bad timer key
-        leaves the levels copied)."""
-        self._schedule.replace_progress(body)  # raises on a bad body before changing anything
-        if self._timer is None:
-            return
-        doc = orjson.loads(quote_int_keys(body))  # parsed once already: valid JSON
-        progress = doc.get(TIMER_PROGRESS_KEY) if isinstance(doc, dict) else None
-        if progress is not None:
+        """45: delay levels (now or held), then the timer watermarks (each a table on its own:
+        a bad timer key leaves the levels copied)."""
+        doc = _parse(body)
+        self._copy_or_hold(RequestCode.GET_ALL_DELAY_OFFSET, doc, body, decode_progress)
+        progress = doc.get(TIMER_PROGRESS_KEY)
+        if self._timer is not None and progress is not None:
             self._timer.copy_progress(progress)
 
     def _copy_offsets(self, body: bytes) -> None:
+        """43: now or held."""
+        doc = _parse(body)
+        self._copy_or_hold(RequestCode.GET_ALL_CONSUMER_OFFSET, doc, body, decode_offsets)
+
+    def _copy_or_hold(
+        self, code: int, doc: dict[str, Any], body: bytes, check: Callable[[bytes], object]
+    ) -> None:
+        """Apply `body` when the log reaches its key (or it has none), else hold it (module doc).
+
+        Raises:
+            ProtocolError: a bad body or key (nothing changes, nothing held).
+        """
+        log_offset = doc.get(LOG_OFFSET_KEY, 0)
+        if type(log_offset) is not int or log_offset < 0:
+            raise ProtocolError(f"{LOG_OFFSET_KEY} is not an offset: {log_offset!r}")
+        held = self._held[code]
+        if log_offset <= self._log_end():
+            self._apply_now[code](body)  # raises on a bad body before changing anything
+            held.clear()  # older copies: this one supersedes them
+            return
+        check(body)
+        held.hold(log_offset, body)
+        self._apply_reached(code)  # the log may have reached an older one meanwhile
+
+    def _copy_offsets_now(self, body: bytes) -> None:
         self._pushes = self._offsets.copy_from_master(body).pushes
 
     async def _push_offsets(self, addr: str, pushes: list[OffsetPush]) -> None:
@@ -259,3 +376,18 @@ class SlaveSync:
         else:
             return f"answered {response.code}: {response.remark}"
         return None
+
+
+def _parse(body: bytes) -> dict[str, Any]:
+    """A table's JSON object (fastjson's unquoted int keys accepted).
+
+    Raises:
+        ProtocolError: not a JSON object.
+    """
+    try:
+        doc = orjson.loads(quote_int_keys(body))
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ProtocolError(f"not a JSON object: {type(doc).__name__}")
+    return doc

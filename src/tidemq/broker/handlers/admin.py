@@ -4,9 +4,11 @@ consumer offsets (43), delay offsets (45) and subscription groups (201).
 
 The bodies of 43, 45 and 201 are RocketMQ's persisted files (consumerOffset.json,
 delayOffset.json, subscriptionGroup.json with its dataVersion), with standard JSON's quoted keys
-where fastjson writes `{0:12}` (fastjson reads both). The answer to 45 also carries the timer
-wheel's watermarks under TideMQ's key "tidemqTimerProgress" (broker/timer.py), which fastjson and
-older TideMQ slaves ignore. GET_BROKER_CONFIG never shows haSecret (config_keys.py redacts it).
+where fastjson writes `{0:12}` (fastjson reads both). TideMQ adds keys that fastjson and older
+TideMQ slaves ignore (they read "offsetTable" only): 43 and 45 carry "tidemqLogOffset", this
+broker's log end read before the table (a slave applies the copy once its log gets there,
+broker/slave_sync.py), and 45 the timer wheel's watermarks under "tidemqTimerProgress"
+(broker/timer.py). GET_BROKER_CONFIG never shows haSecret (config_keys.py redacts it).
 Runtime info (28) carries the replication keys of ha_info.py.
 
 Topic changes go through the TopicTable, whose change listener re-registers with the name
@@ -32,6 +34,7 @@ from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded, slave_refusal_remark
 from tidemq.broker.handlers.ha_info import HAFields
 from tidemq.broker.offsets import ConsumerOffsetTable
+from tidemq.broker.slave_sync import LOG_OFFSET_KEY
 from tidemq.broker.timer import TIMER_PROGRESS_KEY
 from tidemq.broker.topics import TOPIC_QUEUE_NUMS_MAX, TopicTable
 from tidemq.clock import Clock
@@ -265,19 +268,22 @@ class AdminHandlers:
     async def all_consumer_offsets(
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand:
-        return request.response(ResponseCode.SUCCESS, body=self._offsets.to_json())
+        # The log end first: every record an offset of the table points at is below it.
+        extra = {LOG_OFFSET_KEY: self._store.max_physical_offset}
+        return request.response(
+            ResponseCode.SUCCESS, body=with_keys(self._offsets.to_json(), extra)
+        )
 
     async def all_delay_offsets(
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand:
         assert self._delay_offsets is not None  # registered only with it
+        # The log end first: every message re-stored by the progress is below it.
+        extra: dict[str, Any] = {LOG_OFFSET_KEY: self._store.max_physical_offset}
         body = self._delay_offsets()
         if self._timer_progress is not None:
-            # RocketMQ's keys as they are, plus one an older parser ignores (fastjson, ours).
-            doc = orjson.loads(body)
-            doc[TIMER_PROGRESS_KEY] = self._timer_progress()
-            body = orjson.dumps(doc)
-        return request.response(ResponseCode.SUCCESS, body=body)
+            extra[TIMER_PROGRESS_KEY] = self._timer_progress()
+        return request.response(ResponseCode.SUCCESS, body=with_keys(body, extra))
 
     async def all_subscription_groups(
         self, connection: Connection, request: RemotingCommand
@@ -316,3 +322,15 @@ class AdminHandlers:
         if self._ha_fields is not None:
             table.update(self._ha_fields())
         return request.response(ResponseCode.SUCCESS, body=KVTable(table=table).to_json())
+
+
+def with_keys(body: bytes, extra: dict[str, Any]) -> bytes:
+    """`body`, a JSON object as orjson writes it (compact), with `extra`'s keys after its own:
+    RocketMQ's keys as they are, TideMQ's ignored by older parsers. Spliced rather than parsed
+    again: 43's table can be large."""
+    assert body.startswith(b"{"), body[:32]
+    assert body.endswith(b"}"), body[-32:]
+    tail = orjson.dumps(extra)
+    if body == b"{}":
+        return tail
+    return body[:-1] + b"," + tail[1:]
