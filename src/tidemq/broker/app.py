@@ -127,7 +127,8 @@ class BrokerApp:
         self.groups = SubscriptionGroupTable(
             config_dir, clock, auto_create=config.auto_create_subscription_group
         )
-        self.offsets = ConsumerOffsetTable(config_dir)
+        store = self.store
+        self.offsets = ConsumerOffsetTable(config_dir, log_end=lambda: store.max_physical_offset)
         self._notifier = ConsumerIdsNotifier()
         self.clients = ClientRegistry(
             clock, expiry_ms=config.client_expiry_ms, on_consumer_ids_changed=self._notifier

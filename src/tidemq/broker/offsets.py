@@ -30,12 +30,29 @@ Queues without a pending value take the master's value; one the master lacks is 
 that topic@group, while topic@group pairs only the slave has are kept whole (RocketMQ's putAll).
 Pending values live in memory only: a slave restarted during an outage forgets them and its
 consumers see again what they consumed since their last copy (at-least-once).
+
+The transaction check-back's progress (CID_RMQ_SYS_TRANS's half and op offsets, check_back.py)
+skips halves resolved by op records. With `log_end` given, the file also keeps L, the log end
+that progress covers (a master: its log end when the file was written; a slave: the
+"tidemqLogOffset" of the master's copy that set it, slave_sync.py):
+
+    {"offsetTable":{...},"logOffset":L}
+
+A log that ends before L at load (truncated to follow a new master, issue 14, or its unflushed
+tail lost in a crash) may lack op records that progress counted, and the halves they resolved
+would never be checked back: CID_RMQ_SYS_TRANS's offsets are dropped, so the ledger's rebuild
+replays the whole op queue and scans the half queue from its start. Both go, not the half
+offset alone: rebuild replays ops only from just before the op offset, and a half whose op lies
+before that would be taken for pending and checked again (resolved twice). Halves whose op
+records remain are skipped as resolved (up to the ledger's outcome memory,
+TRANSACTION_OUTCOMES_MAX op records); the others are checked back (at least once, never lost).
+Other groups' offsets are kept. A file without L (older) loads as it is.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -44,11 +61,14 @@ import orjson
 
 from tidemq.broker.persist import ConfigWriter, quote_int_keys, read_optional
 from tidemq.errors import ProtocolError
+from tidemq.protocol.message import TRANS_CHECK_GROUP
 
 log = logging.getLogger(__name__)
 
 OFFSETS_FILE: Final = "consumerOffset.json"
 KEY_SEPARATOR: Final = "@"
+# consumerOffset.json's TideMQ key: the log end CID_RMQ_SYS_TRANS's progress covers (module doc).
+LOG_OFFSET_FIELD: Final = "logOffset"
 
 
 def table_key(topic: str, group: str) -> str:
@@ -81,6 +101,18 @@ def decode_offsets(data: bytes) -> dict[str, dict[int, int]]:
         raise ProtocolError(f"not a consumer offset table: {exc}") from exc
 
 
+def _log_offset_of(data: bytes) -> int | None:
+    """consumerOffset.json's "logOffset" (module doc); None when absent.
+
+    Raises:
+        ProtocolError: not an offset.
+    """
+    covered = orjson.loads(quote_int_keys(data)).get(LOG_OFFSET_FIELD)
+    if covered is not None and (type(covered) is not int or covered < 0):
+        raise ProtocolError(f"{LOG_OFFSET_FIELD} is not an offset: {covered!r}")
+    return covered
+
+
 @dataclass(frozen=True, slots=True)
 class OffsetPush:
     """A slave's pending commit to send to its master (UPDATE_CONSUMER_OFFSET)."""
@@ -102,8 +134,14 @@ class OffsetCopy:
 class ConsumerOffsetTable:
     """In-memory table with explicit `persist()`; a `dirty` flag says whether a write is due."""
 
-    def __init__(self, config_dir: Path) -> None:
+    def __init__(self, config_dir: Path, *, log_end: Callable[[], int] | None = None) -> None:
+        """`log_end`: the store's log end, to keep and check what the check-back's progress
+        covers (module doc); None: neither."""
         self._path = config_dir / OFFSETS_FILE
+        self._log_end = log_end
+        # The log end CID_RMQ_SYS_TRANS's offsets cover when a master's copy (or the file) set
+        # them; None: moved here, they cover the log end when written.
+        self._check_covered: int | None = None
         self._writer = ConfigWriter(self._path)
         self._table: dict[str, dict[int, int]] = {}
         # A slave's bookkeeping for merging the master's copies (module doc): commits made here
@@ -122,20 +160,42 @@ class ConsumerOffsetTable:
             return
         try:
             table = decode_offsets(data)
+            covered = _log_offset_of(data)
         except ProtocolError as exc:
             raise ProtocolError(f"{self._path}: {exc}") from exc
         self._table = table
         self.dirty = False
+        end = self._log_end() if self._log_end is not None else None
+        if covered is not None and end is not None and covered > end:
+            dropped = [key for key in table if split_key(key)[1] == TRANS_CHECK_GROUP]
+            log.warning(
+                "%s: %s's progress covers the log up to %d but the log ends at %d (truncated, "
+                "or its tail lost in a crash): its %d offsets are dropped; the transaction "
+                "check-back scans the half and op queues from their start",
+                self._path.name,
+                TRANS_CHECK_GROUP,
+                covered,
+                end,
+                len(dropped),
+            )
+            for key in dropped:
+                del table[key]
+            covered, self.dirty = None, True
+        self._check_covered = covered
         log.info("loaded offsets of %d topic@group pairs from %s", len(table), self._path)
 
-    def copy_from_master(self, data: bytes) -> OffsetCopy:
+    def copy_from_master(self, data: bytes, log_offset: int | None = None) -> OffsetCopy:
         """A slave: merge the master's offsets (GET_ALL_CONSUMER_OFFSET's body) per queue id,
         keeping what was committed here and not yet on the master (the module doc's rule).
+        `log_offset`: the master's log end the copy covers (None: unknown, then this log's end
+        when written).
 
         Raises:
             ProtocolError: `data` is not a consumer offset table (nothing changes).
         """
         master = decode_offsets(data)
+        if any(split_key(key)[1] == TRANS_CHECK_GROUP for key in master):
+            self._check_covered = log_offset  # the master's replace the slave's (no pending)
         copy = OffsetCopy()
         for key in master.keys() | self._pending.keys():
             merged = self._merge(key, master.get(key), copy.pushes)
@@ -198,12 +258,15 @@ class ConsumerOffsetTable:
         return sum(len(queues) for queues in self._pending.values())
 
     def _snapshot(self) -> bytes:
-        doc = {
+        doc: dict[str, object] = {
             "offsetTable": {
                 key: {str(qid): off for qid, off in sorted(queues.items())}
                 for key, queues in sorted(self._table.items())
             }
         }
+        if self._log_end is not None:
+            covered = self._check_covered
+            doc[LOG_OFFSET_FIELD] = self._log_end() if covered is None else covered
         # Clear first: a commit after the snapshot keeps the table dirty for the next write.
         self.dirty = False
         return orjson.dumps(doc)
@@ -234,6 +297,8 @@ class ConsumerOffsetTable:
         if queues.get(queue_id) != offset:
             queues[queue_id] = offset
             self.dirty = True
+            if group == TRANS_CHECK_GROUP:
+                self._check_covered = None  # moved here: covers this log's end when written
         if pending:
             self._pending.setdefault(key, {})[queue_id] = offset
         return True

@@ -6,7 +6,8 @@ router that parks delayed sends (remoting.md §9).
     ScheduleService: per level, read the queue from its progress offset; every entry whose
                      deliver time has come is re-stored to REAL_TOPIC / REAL_QID (DELAY dropped,
                      tags code = hash of TAGS again); progress advances past it
-    delayOffset.json {"offsetTable":{"<level>":<next offset>}}   (RocketMQ's shape)
+    delayOffset.json {"offsetTable":{"<level>":<next offset>},"logOffset":L}
+                     (RocketMQ's shape; L is TideMQ's, RocketMQ reads past it)
 
 Within one level every message waits the same time, so deliver times rise along the queue: only
 the head of each level can be due next. The service therefore sleeps until the earliest head is
@@ -16,6 +17,15 @@ is one offset per level, whatever the number of messages pending.
 Restart: progress is persisted every few seconds and at stop. After a crash the messages since
 the last persisted progress are re-delivered (at least once, never early): the deliver time is in
 the record itself, not in memory.
+
+A log shorter than the progress at load. L is the log end the progress covers: every re-stored
+message it counts is below L (a master: its log end when the file was written; a slave: the
+"tidemqLogOffset" of the master's copy it applied, slave_sync.py). A log that ends before L at
+load (truncated to follow a new master, issue 14, or its unflushed tail lost in a crash) may
+lack some of those re-stored messages, and skipping their parked records would lose them: the
+progress is dropped, every level reads its queue again from its first entry (an offset below
+the queue's start moves to it), and what was delivered is delivered again (at least once, never
+lost). A file without L (older) loads as it is.
 
 The router also sends TIMER_* messages (an arbitrary delivery time) to the timer wheel
 (timer.py); both re-store through `restore_real`.
@@ -53,6 +63,8 @@ from tidemq.store.types import DispatchEvent, GetStatus, MessageToStore
 log = logging.getLogger(__name__)
 
 DELAY_OFFSET_FILE: Final = "delayOffset.json"
+# delayOffset.json's TideMQ key: the log end its progress covers (module doc).
+LOG_OFFSET_FIELD: Final = "logOffset"
 # Entries read per store call while draining a level.
 _READ_BATCH: Final = 32
 # Deliveries per pass before yielding the event loop (sends and pulls keep flowing under load).
@@ -199,6 +211,9 @@ class ScheduleService:
         self._path = config_dir / DELAY_OFFSET_FILE
         self._writer = ConfigWriter(self._path)
         self._progress: dict[int, int] = {}  # level (1-based) -> next queue offset
+        # The log end the progress covers when it came from a master's copy (or the file); None:
+        # moved here, it covers the log end when written (module doc).
+        self._covered: int | None = None
         self._dirty = False
         self._next_due_ms: int | None = None
         self._wake = asyncio.Event()
@@ -211,12 +226,27 @@ class ScheduleService:
         data = read_optional(self._path)
         if data is None:
             return
-        table = orjson.loads(data).get("offsetTable", {})
-        self._progress = {int(level): int(offset) for level, offset in table.items()}
+        doc = orjson.loads(data)
+        progress = {int(level): int(offset) for level, offset in doc.get("offsetTable", {}).items()}
+        covered = doc.get(LOG_OFFSET_FIELD)
+        end = self._store.max_physical_offset
+        if covered is not None and int(covered) > end:
+            log.warning(
+                "%s covers the log up to %d but the log ends at %d (truncated, or its tail "
+                "lost in a crash): its progress is dropped; delay levels deliver again from "
+                "the start of their queues",
+                self._path.name,
+                covered,
+                end,
+            )
+            progress, covered, self._dirty = {}, None, True
+        self._progress = progress
+        self._covered = None if covered is None else int(covered)
 
-    def replace_progress(self, data: bytes) -> bool:
+    def replace_progress(self, data: bytes, log_offset: int | None = None) -> bool:
         """A slave: take the master's progress (GET_ALL_DELAY_OFFSET's body, `{1:0,2:5}` keys
-        quoted or not). Returns whether anything changed.
+        quoted or not), which covers the master's log up to `log_offset` (None: unknown, then
+        this log's end when written). Returns whether anything changed.
 
         Raises:
             ProtocolError: `data` is not a delay offset table (nothing changes).
@@ -225,6 +255,7 @@ class ScheduleService:
         if progress == self._progress:
             return False
         self._progress = progress
+        self._covered = log_offset
         self._dirty = True
         return True
 
@@ -241,8 +272,12 @@ class ScheduleService:
 
     def _snapshot(self) -> bytes:
         table = {str(level): offset for level, offset in sorted(self._progress.items())}
+        covered = self._covered
+        if covered is None:
+            covered = self._store.max_physical_offset
         self._dirty = False
-        return orjson.dumps({"offsetTable": table}, option=orjson.OPT_INDENT_2)
+        doc = {"offsetTable": table, LOG_OFFSET_FIELD: covered}
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2)
 
     def persist(self) -> None:
         self._writer.write(self._snapshot())
@@ -328,6 +363,7 @@ class ScheduleService:
     def _advance(self, level: int, offset: int) -> int:
         if self._progress.get(level, 0) != offset:
             self._progress[level] = offset
+            self._covered = None  # moved here: covers this log's end when written
             self._dirty = True
         return offset
 

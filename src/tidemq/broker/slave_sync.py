@@ -41,13 +41,17 @@ Per table at most two copies are held, the oldest and the newest: the oldest is 
 so a slave that lags by more than an interval still moves on; the newest is the freshest once
 it catches up; the newest reached one is applied and every older one dropped (each is a whole
 table). A copy held is checked when it arrives (a bad body is refused then, as an applied one
-is). Held copies are dropped when the master changes (another log: its offsets would mean other
-records), and held copies of 43 when offsets are pushed (they were read before the push, and the
+is). Every held copy (43, 45 and the timer's) is dropped when the master changes, and on every
+epoch change (`reset_held`, broker/failover.py; another log: its offsets would mean other
+records, and an answer of a round begun before is dropped too), and held copies of 43 when
+offsets are pushed (they were read before the push, and the
 merge rule would take their older values for a reset). An answer without the key (a RocketMQ
 master) is applied at once, as before; the timer's own key has its own hold (broker/timer.py).
 A slave that keeps up applies a copy at once or at the next round; after a promotion, a copy it
 had not applied yet means duplicates (an older progress), never loss. The slave's log end is
-its store's max physical offset (the store its ScheduleService re-stores into).
+its store's max physical offset (the store its ScheduleService re-stores into). An applied
+copy's L goes with it (`replace_progress`, `copy_from_master`): persisted as the log end the
+progress covers, it is dropped at load when a truncation (issue 14) cut the log below it.
 
 A failed copy (the master down, a timeout, an error answer, a body that does not parse) changes
 nothing of that table: the slave keeps serving the last tables it copied, and says so in one
@@ -136,15 +140,15 @@ class HeldCopies:
         self._copies.append((log_offset, body))
         del self._copies[1:-1]
 
-    def take(self, reached: int) -> bytes | None:
-        """The newest copy whose log offset is at most `reached`, dropped with every older
-        one; None when none is reached."""
+    def take(self, reached: int) -> tuple[int, bytes] | None:
+        """The newest copy (log offset, body) whose log offset is at most `reached`, dropped
+        with every older one; None when none is reached."""
         due = [i for i, (log_offset, _) in enumerate(self._copies) if log_offset <= reached]
         if not due:
             return None
-        body = self._copies[due[-1]][1]
+        copy = self._copies[due[-1]]
         del self._copies[: due[-1] + 1]
-        return body
+        return copy
 
     def clear(self) -> None:
         self._copies.clear()
@@ -179,7 +183,8 @@ class SlaveSync:
             RequestCode.GET_ALL_CONSUMER_OFFSET: HeldCopies(),
             RequestCode.GET_ALL_DELAY_OFFSET: HeldCopies(),
         }
-        self._apply_now: dict[int, Callable[[bytes], object]] = {
+        # Applied with the log end the copy covers (None: a RocketMQ master's, no key).
+        self._apply_now: dict[int, Callable[[bytes, int | None], object]] = {
             RequestCode.GET_ALL_CONSUMER_OFFSET: self._copy_offsets_now,
             RequestCode.GET_ALL_DELAY_OFFSET: schedule.replace_progress,
         }
@@ -196,6 +201,8 @@ class SlaveSync:
         self._failures = LogLimit(log, clock)
         self._push_failures = LogLimit(log, clock, lines_max=1)
         self._master_addr: str | None = None
+        # Bumped by `reset_held`: an answer of a round begun before is of the old master's log.
+        self._generation = 0
         self.rounds = 0
         # Wall time (ms) of the last round that applied every table; 0 before the first.
         self.last_synced_ms = 0
@@ -209,10 +216,21 @@ class SlaveSync:
         if master_addr != self._master_addr:
             log.info("slave copies metadata from master %s", master_addr or "(none known)")
             self._master_addr = master_addr
-            for held in self._held.values():
-                held.clear()  # another master's log: its offsets mean other records
+            self.reset_held()
             if master_addr is not None:
                 self._periodic.trigger()
+
+    def reset_held(self) -> None:
+        """Drop every copy held for a log offset not reached yet (43, 45 and the timer's), and
+        the answers of a round under way: the master or its epoch changed (failover.py calls
+        it on every epoch change), and an offset of the old master's log means other records
+        in the new one's. Merged once this log passed it, such a copy would point past records
+        the new master never had (skipped delayed messages, timers, halves)."""
+        self._generation += 1
+        for held in self._held.values():
+            held.clear()
+        if self._timer is not None:
+            self._timer.drop_held_copy()
 
     def start(self) -> None:
         self._periodic.start()
@@ -236,9 +254,9 @@ class SlaveSync:
         reaches; a held copy was checked when it came, so this does not raise."""
         reached = self._log_end()
         for code in codes or tuple(self._held):
-            body = self._held[code].take(reached)
-            if body is not None:
-                self._apply_now[code](body)
+            copy = self._held[code].take(reached)
+            if copy is not None:
+                self._apply_now[code](copy[1], copy[0])
 
     async def sync_once(self) -> bool:
         """One copy round; True when every table was copied (see the module doc)."""
@@ -248,7 +266,8 @@ class SlaveSync:
         self.rounds += 1
         self._pushes = []
         self._apply_reached()
-        answers = await asyncio.gather(*(self._fetch(addr, code) for code in _CODES))
+        generation = self._generation
+        answers = await asyncio.gather(*(self._fetch(addr, code, generation) for code in _CODES))
         if self._pushes:
             await self._push_offsets(addr, self._pushes)
             # Read before the push: applied later, the merge would take their values for a reset.
@@ -274,13 +293,16 @@ class SlaveSync:
         self.last_synced_ms = self._clock.now_ms()
         return True
 
-    async def _fetch(self, addr: str, code: int) -> str | None:
-        """Request one table from `addr` and apply it; what went wrong, or None."""
+    async def _fetch(self, addr: str, code: int, generation: int) -> str | None:
+        """Request one table from `addr` and apply it, unless `reset_held` ran meanwhile; what
+        went wrong, or None."""
         request = RemotingCommand(code=code, language="JAVA")
         try:
             response = await self._client.invoke(addr, request, self._timeout_ms)
         except (QueueError, OSError, TimeoutError) as exc:
             return str(exc) or type(exc).__name__
+        if generation != self._generation:
+            return "the master or its epoch changed during the round: answer dropped"
         if response.code != ResponseCode.SUCCESS:
             return f"answered {response.code}: {response.remark}"
         try:
@@ -311,20 +333,21 @@ class SlaveSync:
         Raises:
             ProtocolError: a bad body or key (nothing changes, nothing held).
         """
-        log_offset = doc.get(LOG_OFFSET_KEY, 0)
-        if type(log_offset) is not int or log_offset < 0:
+        log_offset = doc.get(LOG_OFFSET_KEY)
+        if log_offset is not None and (type(log_offset) is not int or log_offset < 0):
             raise ProtocolError(f"{LOG_OFFSET_KEY} is not an offset: {log_offset!r}")
         held = self._held[code]
-        if log_offset <= self._log_end():
-            self._apply_now[code](body)  # raises on a bad body before changing anything
+        if log_offset is None or log_offset <= self._log_end():
+            # Raises on a bad body before changing anything.
+            self._apply_now[code](body, log_offset)
             held.clear()  # older copies: this one supersedes them
             return
         check(body)
         held.hold(log_offset, body)
         self._apply_reached(code)  # the log may have reached an older one meanwhile
 
-    def _copy_offsets_now(self, body: bytes) -> None:
-        self._pushes = self._offsets.copy_from_master(body).pushes
+    def _copy_offsets_now(self, body: bytes, log_offset: int | None) -> None:
+        self._pushes = self._offsets.copy_from_master(body, log_offset).pushes
 
     async def _push_offsets(self, addr: str, pushes: list[OffsetPush]) -> None:
         """Send the slave's pending commits to the master (module doc)."""

@@ -40,7 +40,9 @@ yet does not have those deliveries, and skipping their timers after a promotion 
 so it keeps such a copy aside (the oldest: the first its log reaches) and applies it once its log
 gets there. A copy only moves watermarks forward (max per bucket): a late or stale answer never
 moves one back (only a load onto a shorter log does, above). What the copy misses (deliveries of
-the last interval) is delivered again after a promotion: at least once.
+the last interval) is delivered again after a promotion: at least once. A held copy is dropped
+when the slave follows another master or epoch (`drop_held_copy`): its L is an offset of the
+old master's log.
 """
 
 from __future__ import annotations
@@ -214,6 +216,13 @@ class TimerWheel:
             held = (log_offset, marks)
         self._held_copy = held
         return changed
+
+    def drop_held_copy(self) -> None:
+        """Forget a copy held for a log offset not reached yet: the master changed (slave_sync's
+        `reset_held`), and an offset of the old master's log means other records in the new
+        one's; merged once this log passes it, it would skip timers whose deliveries only the
+        old master's tail held."""
+        self._held_copy = None
 
     def _parse_copy(self, doc: object) -> tuple[int, dict[int, int]]:
         if not isinstance(doc, dict):
