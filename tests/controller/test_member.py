@@ -13,7 +13,14 @@ from tidemq.clock import SystemClock
 from tidemq.controller.etcd import EtcdSession
 from tidemq.controller.lease import LeaseKeeper
 from tidemq.controller.member import GroupMember, Role
-from tidemq.controller.state import Addrs, EtcdUnavailable, GroupState, alive_key, state_key
+from tidemq.controller.state import (
+    Addrs,
+    AliveRecord,
+    EtcdUnavailable,
+    GroupState,
+    alive_key,
+    state_key,
+)
 from tidemq.testing import eventually, eventually_async
 from tidemq.testing.etcd import EtcdProcess
 
@@ -29,11 +36,15 @@ RANK_DELAY_MS = 200
 @dataclass
 class RecordingReplica:
     """The Replica protocol, recording each call; the test sets offsets, lag and catch-up. Like
-    the broker, it records the epoch it becomes master of or follows (a wiped store: 0)."""
+    the broker, it records the epoch it becomes master of or follows (a wiped store: 0), and
+    the epoch it last stood for. hang_master: become_master never returns (a broker killed
+    while it stops its STANDBY app, before it records the epoch)."""
 
     id: int
     offset: int = 0
     epoch: int = 0
+    stood: int = 0
+    hang_master: bool = False
     events: list[tuple[object, ...]] = field(default_factory=list)
     sync_set: frozenset[int] | None = None
     lag: frozenset[int] = frozenset()
@@ -55,11 +66,19 @@ class RecordingReplica:
     def last_epoch(self) -> int:
         return self.epoch
 
+    def note_standing(self, epoch: int) -> None:
+        self.stood = epoch
+
+    def standing(self) -> int:
+        return self.stood
+
     async def stop_replicating(self) -> int:
         self.events.append(("stop_replicating", self.offset))
         return self.offset
 
     async def become_master(self, state: GroupState) -> None:
+        if self.hang_master:
+            await asyncio.Event().wait()
         self.epoch = state.epoch
         self.events.append(("master", state.epoch))
 
@@ -90,12 +109,21 @@ class Group:
         self.replicas: dict[int, RecordingReplica] = {}
         self._sessions: list[EtcdSession] = []
 
-    async def start(self, replica_id: int, offset: int = 0, epoch: int = 0) -> GroupMember:
-        """A member on a store ending at `offset` whose epoch file ends with `epoch`."""
+    async def start(
+        self,
+        replica_id: int,
+        offset: int = 0,
+        epoch: int = 0,
+        *,
+        stood: int = 0,
+        hang_master: bool = False,
+    ) -> GroupMember:
+        """A member on a store ending at `offset` whose epoch file ends with `epoch` and whose
+        standing record is `stood`."""
         session = EtcdSession([self.etcd.endpoint], call_timeout_s=1.0)
         self._sessions.append(session)
         clock = SystemClock()
-        replica = RecordingReplica(replica_id, offset, epoch)
+        replica = RecordingReplica(replica_id, offset, epoch, stood=stood, hang_master=hang_master)
         lease = LeaseKeeper(session, TTL_S, clock)
         member = GroupMember(
             session, lease, replica, CLUSTER, NAME, PREFIX, clock, 3000, rank_delay_ms=RANK_DELAY_MS
@@ -266,6 +294,8 @@ async def test_a_deposed_master_steps_down_and_follows(group: Group) -> None:
     usurper = others[-1]
     usurper_offset = group.replicas[usurper].offset
     deposed = state.elect(usurper, Addrs(*_addrs(group, usurper)), usurper_offset)
+    # As if the usurper's own candidacy had won (it stands before its CAS), then it crashed.
+    group.replicas[usurper].stood = deposed.epoch
     assert await group.observer.cas(
         state_key(PREFIX, CLUSTER, NAME), deposed.to_json(), got.mod_revision
     )
@@ -392,10 +422,12 @@ async def test_a_deleted_state_is_not_recreated_by_members_with_history(group: G
     assert member.role is Role.MASTER, "the master keeps serving while its lease holds"
     assert member.state is not None, "the last state is kept"
     assert group.replicas[master].events == [("master", 1)]
-    # A replica with history that starts now refuses too.
+    # A replica with history that starts now refuses too, and so does a new one, which sees
+    # replicas with history alive.
     await group.members.pop(others[0]).stop(clean=True)
     await group.start(others[0], offset=100 * others[0], epoch=1)
-    await asyncio.sleep(3 * RANK_DELAY_MS / 1000)
+    await group.start(4)
+    await asyncio.sleep(5 * RANK_DELAY_MS / 1000)
     assert await group.observer.get(key) is None
     # The operator restores the state: the group goes on where it was.
     await group.observer.put(key, saved.value)
@@ -404,15 +436,67 @@ async def test_a_deleted_state_is_not_recreated_by_members_with_history(group: G
     assert group.replicas[master].events == [("master", 1)]
 
 
-async def test_a_replica_with_history_does_not_create_a_missing_state(group: Group) -> None:
+async def test_no_replica_creates_a_missing_state_while_one_with_history_is_alive(
+    group: Group,
+) -> None:
+    key = state_key(PREFIX, CLUSTER, NAME)
+    # The history-less replica starts first, the one with history (epoch 3) right after: the
+    # creator waits a rank delay, so it sees its peer alive before it could create.
+    fresh = await group.start(2, offset=0)
     await group.start(1, offset=500, epoch=3)
-    await asyncio.sleep(3 * RANK_DELAY_MS / 1000)
-    assert await group.observer.get(state_key(PREFIX, CLUSTER, NAME)) is None
-    await group.start(2, offset=0)  # a new replica of a new group may
+    # An alive record without lastEpoch (an older version) may hold history too.
+    legacy = alive_key(PREFIX, CLUSTER, NAME, 3)
+    await group.observer.put(legacy, AliveRecord("127.0.0.1:10030", "127.0.0.1:10031", 0).to_json())
+    await eventually(lambda: fresh.alive.keys() == {1, 2, 3}, what="2 sees its peers")
+    await asyncio.sleep(5 * RANK_DELAY_MS / 1000)
+    assert await group.observer.get(key) is None, "created while history was alive"
+    record = fresh.alive[1]
+    assert record is not None
+    assert record.last_epoch == 3
+    await group.members.pop(1).stop(clean=True)
+    await asyncio.sleep(5 * RANK_DELAY_MS / 1000)
+    assert await group.observer.get(key) is None, "created while an unknown record was alive"
+    # Nobody alive may hold history: the group is new to etcd, and the fresh replica starts it.
+    await group.observer.delete(legacy)
     await eventually(lambda: group.masters() == [2], what="2 created the state")
     state = await group.state()
     assert (state.epoch, state.master) == (1, 2)
-    assert group.members[1].role is not Role.MASTER
+    assert group.replicas[2].stood == 1, "stood for epoch 1 before creating it"
+
+
+async def test_a_creator_killed_before_recording_epoch_1_takes_the_group_on_restart(
+    group: Group,
+) -> None:
+    await group.start(1, hang_master=True)  # killed in become_master: epoch 1 never recorded
+
+    async def created() -> bool:
+        return await group.observer.get(state_key(PREFIX, CLUSTER, NAME)) is not None
+
+    await eventually_async(created, 15.0, what="1 created the state")
+    state = await group.state()
+    assert (state.epoch, state.master) == (1, 1)
+    await group.start(2)
+    await eventually(lambda: group.following(1, 1) == [2], what="2 follows epoch 1")
+    assert (group.replicas[1].stood, group.replicas[1].epoch) == (1, 0)
+    await group.members.pop(1).stop(clean=False)
+    # Back as a wiped store (no standing record): its epoch file looks the same, yet it must
+    # never take the group.
+    await group.start(1)
+    await eventually(lambda: group.members[2].alive.keys() == {1, 2}, what="1 alive again")
+    await asyncio.sleep(5 * RANK_DELAY_MS / 1000)
+    assert group.masters() == []
+    assert await group.state() == state
+    await group.members.pop(1).stop(clean=False)
+    # Back on its own store, killed in the same gap again, then back once more: it finishes
+    # the election it won, in epoch 1 (a new epoch would wedge it on a second such kill).
+    await group.start(1, stood=1, hang_master=True)
+    await eventually(lambda: group.replicas[1].events == [("stop_replicating", 0)], what="again")
+    await group.members.pop(1).stop(clean=False)
+    await group.start(1, stood=1)
+    await eventually(lambda: group.masters() == [1], what="1 acts")
+    assert group.replicas[1].events == [("stop_replicating", 0), ("master", 1)]
+    assert await group.state() == state
+    assert group.following(1, 1) == [2]
 
 
 async def test_a_malformed_state_is_not_acted_on(group: Group) -> None:

@@ -120,6 +120,20 @@ def test_alive_record_round_trip_and_malformed() -> None:
         AliveRecord.from_json(b'{"addr": "a", "haAddr": "b", "maxOffset": -1}')
 
 
+def test_alive_record_carries_the_last_epoch_and_reads_records_without_it() -> None:
+    record = AliveRecord("1.2.3.4:5", "1.2.3.4:6", 77, last_epoch=4)
+    assert orjson.loads(record.to_json())["lastEpoch"] == 4
+    assert AliveRecord.from_json(record.to_json()) == record
+    # A record of an older version has no lastEpoch: unknown, not 0 (rules.create_refusal).
+    legacy = AliveRecord.from_json(b'{"addr": "a", "haAddr": "b", "maxOffset": 0}')
+    assert legacy.last_epoch is None
+    for bad in (b"-1", b"true", b'"3"', b"null"):
+        with pytest.raises(ControllerError, match="lastEpoch"):
+            AliveRecord.from_json(
+                b'{"addr": "a", "haAddr": "b", "maxOffset": 0, "lastEpoch": ' + bad + b"}"
+            )
+
+
 def test_elect_bumps_the_epoch_resets_sync_set_and_appends_history() -> None:
     state = GroupState.first(1, A1, 100).expand(frozenset({2, 3}))
     new = state.elect(2, A2, 250)

@@ -44,7 +44,7 @@ from tidemq.controller.lease import LeaseKeeper
 from tidemq.controller.member import GroupMember
 from tidemq.controller.state import GroupState, truncation_point
 from tidemq.protocol.message import MASTER_BROKER_ID
-from tidemq.store.epochs import EpochFile
+from tidemq.store.epochs import EpochFile, write_atomic
 from tidemq.store.message_store import DiskUsageProbe
 from tidemq.store.truncate import truncate_store
 
@@ -130,16 +130,38 @@ class ControlledBroker:
         """The last epoch whose data this log holds (0: none yet; store/epochs.py)."""
         return self.epochs.last_epoch
 
+    def note_standing(self, epoch: int) -> None:
+        """Before a CAS for `epoch`: `{storePathRootDir}/standing`, replaced atomically (tmp,
+        fsync, rename, dir fsync). Never cleared: the member consults it only while etcd names
+        this replica master of that very epoch and the epoch file lacks it (rules.resumes), and
+        the next candidacy replaces it; a wiped store has none."""
+        path = Path(self.config.store_path_root_dir) / "standing"
+        write_atomic(path, f"{epoch}\n".encode())
+
+    def standing(self) -> int:
+        """The epoch of the last note_standing (0: none, or unreadable: never a reason to
+        stand)."""
+        path = Path(self.config.store_path_root_dir) / "standing"
+        try:
+            return max(0, int(path.read_text()))
+        except FileNotFoundError:
+            return 0
+        except ValueError:
+            log.warning("replica %d: malformed %s; standing for no epoch", self.replica_id, path)
+            return 0
+
     async def stop_replicating(self) -> int:
         """Before a candidacy: no more log and no more metadata from the old master, so the log
         end is final and no offset copied later can point past it."""
         async with self._switching:
             app = self.app
             if app is not None:
-                if app.replication.sync is not None:
-                    await app.replication.sync.stop()
+                # The log first: a copy held until the log reached it is applied by the sync's
+                # stop, which must see the final log end.
                 if app.replication.slave is not None:
                     await app.replication.slave.stop()
+                if app.replication.sync is not None:
+                    await app.replication.sync.stop()
                 self._replicating = False
             return self.max_offset()
 
@@ -180,6 +202,8 @@ class ControlledBroker:
             app = self.app
             if point is None and self.role == "SLAVE" and self._replicating and app is not None:
                 self._note_epoch(state)
+                if app.replication.sync is not None:
+                    app.replication.sync.reset_held()
                 app.replication.pin_master(*master)
             else:
                 await self._stop_app()

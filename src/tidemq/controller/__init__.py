@@ -6,5 +6,7 @@ consensus; each change of master, epoch or syncSet is one compare-and-swap on th
     state.py   GroupState, AliveRecord, key names, truncation_point    (pure values)
     etcd.py    EtcdSession: bounded calls, CAS, leases, re-watching    (aetcd, v3 gRPC API)
     lease.py   LeaseKeeper: keep-alive and the fencing deadline valid_until
-    member.py  GroupMember: the state machine; Replica, the protocol the broker implements
+    member.py  GroupMember: the state machine
+    replica.py Replica: the protocol the broker implements for its member
+    rules.py   when a member may create the state, stand, or finish a won election (pure)
 """

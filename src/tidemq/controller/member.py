@@ -5,15 +5,18 @@ a lease event or a 200 ms tick, from the last state read (a watch keeps it fresh
 comes after every re-watch and every second):
 
     lease invalid ─────────────────────────────> master: step_down; others: wait for a new lease
-    no state, no epoch history ─ CAS create ───> MASTER of epoch 1 (history: hold, log loudly)
-    state malformed, or missing (history) ─────> hold: act on nothing until a valid one is back
+    no state, no history here nor in any alive
+    peer (after one rank delay) ─ CAS create ──> MASTER of epoch 1 (else hold, log loudly)
+    state malformed, or missing (refused) ─────> hold: act on nothing until a valid one is back
     state.master == me, acting ─────────────────> chores: shrink laggards / expand caught-up (CAS)
-    state.master == me, not acting (restart) ──> elect myself for epoch + 1 (CAS)
+    state.master == me, not acting (restart) ──> won it before a crash, epoch unrecorded
+                                                  (rules.resumes): finish; else elect myself
+                                                  for epoch + 1 (CAS)
     acting master, state names another ────────> step_down (deposed), then follow
     master alive ───────────────────────────────> SLAVE: become_slave(state) once per epoch
     master gone (no master / its alive key gone):
         me in syncSet, alive, last_epoch() == epoch ─ wait rank x 500 ms, re-read, stop
-                                                      replicating, CAS elect
+                                                      replicating, note standing, CAS elect
         otherwise ─────────────── wait (no unclean election)
 
 Why this is safe (ARCHITECTURE.md has the whole argument): a master acknowledges only what every
@@ -38,6 +41,7 @@ from tidemq.clock import Clock
 from tidemq.controller.etcd import EtcdSession, Notice
 from tidemq.controller.lease import LeaseKeeper
 from tidemq.controller.replica import Replica
+from tidemq.controller.rules import create_refusal, data_refusal, resumes, stand_refusal
 from tidemq.controller.state import (
     NO_MASTER,
     Addrs,
@@ -115,7 +119,7 @@ class GroupMember:
         self._local_sync: frozenset[int] | None = None
         self._alive_lease: int | None = None  # the lease our alive key was put on
         self._gone_since_ms: float | None = None
-        self._refused_epoch: int | None = None  # the epoch _lacks_data last logged for
+        self._missing_since_ms: float | None = None  # when we first saw the state key missing
         # Why self.state may not be acted on (MISSING, or a malformed value's error), or None.
         self._hold: str | None = None
         self._said: dict[str, str] = {}  # topic -> the last message _loud logged for it
@@ -254,7 +258,9 @@ class GroupMember:
             self._need_read = True
         if self._need_read:
             await self._read()
-        if self.lease.valid() and (refresh or self._alive_lease != self.lease.lease_id):
+        ours = self.alive.get(self.id)
+        stale = ours is None or ours.last_epoch != self.replica.last_epoch()
+        if self.lease.valid() and (refresh or stale or self._alive_lease != self.lease.lease_id):
             await self._put_alive()
         await self._decide()
 
@@ -287,6 +293,7 @@ class GroupMember:
             self._loud("state", f"{e} (revision {rev}): not acting on it until it is fixed")
             return
         self.state, self._state_rev, self._hold = state, rev, None
+        self._missing_since_ms = None
         self._said.pop("state", None)
         self._said.pop("missing", None)
 
@@ -301,13 +308,16 @@ class GroupMember:
                 self.state.epoch,
             )
         self._hold = MISSING
+        if self._missing_since_ms is None:
+            self._missing_since_ms = self.clock.monotonic_ms()
 
     async def _put_alive(self) -> None:
         lease_id = self.lease.lease_id
         if lease_id is None:
             return
         addrs = self._addrs()
-        record = AliveRecord(addrs.addr, addrs.ha_addr, self.replica.max_offset())
+        last = self.replica.last_epoch()
+        record = AliveRecord(addrs.addr, addrs.ha_addr, self.replica.max_offset(), last)
         await self.session.put(self._alive_key, record.to_json(), lease=lease_id)
         if self._alive_lease != lease_id:
             self._log(f"alive on lease {lease_id:x}")
@@ -350,18 +360,25 @@ class GroupMember:
 
     async def _create(self) -> None:
         """Epoch 1, only by a replica that never took part in an epoch (a new group, or a 4.x
-        store being converted): one with history finding no state means the state was lost,
-        and a fresh epoch 1 could elect a replica without the acknowledged messages."""
-        last = self.replica.last_epoch()
-        if last != 0 or self.role is Role.MASTER:
-            self._loud(
-                "missing",
-                f"the group's state is missing from etcd but this replica has epoch history "
-                f"(last epoch {last}, role {self.role.value}): restore it or wipe this replica; "
-                "not creating it",
-            )
+        store being converted) while no alive peer may hold history (rules.create_refusal):
+        otherwise the state was lost, and a fresh epoch 1 would orphan acknowledged messages.
+        Not before one rank delay from seeing the state missing, and from a fresh read: peers
+        starting with us must be seen alive first."""
+        since = self._missing_since_ms
+        if since is None or self.clock.monotonic_ms() < since + self.rank_delay_ms:
+            return
+        refusal = create_refusal(self.alive, self.id, self.replica.last_epoch())
+        if refusal is None:
+            await self._read()
+            if self._hold != MISSING:
+                return  # the state is back (or malformed): decide again
+            refusal = create_refusal(self.alive, self.id, self.replica.last_epoch())
+        if refusal is not None or self.role is Role.MASTER:
+            why = refusal or "this replica is an acting master"
+            self._loud("missing", f"the group's state is missing from etcd: {why}; not creating it")
             return
         first = GroupState.first(self.id, self._addrs(), self.replica.max_offset())
+        self.replica.note_standing(first.epoch)  # before the CAS: see rules.resumes
         if not await self._try_cas(0, first, won=True):
             self._log("another member created the group state first")
             await self._read()
@@ -376,6 +393,14 @@ class GroupMember:
         lost lease): finish a won election, or elect ourselves for a new epoch."""
         if self._won is not None and self._won.epoch == state.epoch:
             await self._become_master(state)
+            return
+        if resumes(state, self.id, self.replica.last_epoch(), self.replica.standing()):
+            # Won before a crash (or a lost answer), the epoch not yet recorded: finish it.
+            offset = await self.replica.stop_replicating()
+            if not self._lacks_data(state, offset):
+                self._log(f"finishing the election for epoch {state.epoch} won before a restart")
+                self._won = state
+                await self._become_master(state)
             return
         self._log(f"epoch {state.epoch} names me master but I am not acting: electing myself")
         await self._elect(state, rev)
@@ -425,6 +450,7 @@ class GroupMember:
         if self._lacks_data(state, offset):
             return
         new = state.elect(self.id, self._addrs(), offset)
+        self.replica.note_standing(new.epoch)  # before the CAS: see rules.resumes
         if not await self._try_cas(rev, new, won=True):
             self._log(f"lost the election for epoch {new.epoch}")
             await self._read()
@@ -439,41 +465,16 @@ class GroupMember:
         await self._become_master(new)
 
     def _may_stand(self, state: GroupState) -> bool:
-        """Every genuine syncSet member of epoch E has recorded E (a master at promotion, a
-        slave before it follows); one that has not (a wiped store back under its old id, whose
-        log may even reach the epoch's start) lacks what E's master acknowledged."""
-        last = self.replica.last_epoch()
-        if last == state.epoch:
-            return True
-        if state.master == self.id and last >= 1 and last == state.epoch - 1:
-            # We won this epoch's CAS (a genuine member of the one before) and stopped before
-            # becoming master: nobody acknowledged anything in it, our log is that of `last`.
-            return True
-        self._loud(
-            "stand",
-            f"epoch {state.epoch}: my last recorded epoch is {last}, so this replica (wiped, or "
-            "never followed this epoch's master) may lack acknowledged messages: not standing",
-        )
-        return False
+        refusal = stand_refusal(state, self.replica.last_epoch())
+        if refusal is not None:
+            self._loud("stand", refusal)
+        return refusal is None
 
     def _lacks_data(self, state: GroupState, offset: int) -> bool:
-        """A log that ends before the current epoch's start cannot hold what that epoch's master
-        acknowledged (a wiped store under an old id): such a replica must never stand."""
-        last_start = state.epochs[-1][1]
-        if offset >= last_start:
-            return False
-        if self._refused_epoch != state.epoch:
-            self._refused_epoch = state.epoch
-            log.error(
-                "group %s replica %d: epoch %d starts at %d but my log ends at %d: this replica "
-                "lacks the group's data and will not stand",
-                self.group,
-                self.id,
-                state.epoch,
-                last_start,
-                offset,
-            )
-        return True
+        refusal = data_refusal(state, offset)
+        if refusal is not None:
+            self._loud("data", refusal)
+        return refusal is not None
 
     async def _become_master(self, state: GroupState) -> None:
         await self.replica.become_master(state)

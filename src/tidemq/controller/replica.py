@@ -25,6 +25,9 @@ class Replica(Protocol):
         become_master(E1) ... step_down(why), become_slave(E2)            deposed
         become_master(E1) ... step_down("master lease lost"), become_master(E2)   fenced, then
                                                                           re-elected itself
+    note_standing(E) comes before each CAS that would make this replica master of E. A
+    replica that restarts named master of E with standing() == E but E not recorded yet gets
+    stop_replicating, become_master(E) (it finishes the election it won).
     become_master of the group's first epoch comes without stop_replicating. A method that
     raises is called again on a later tick. The member's step_down can come late (etcd calls
     in flight): the broker checks GroupMember.may_acknowledge() (or the lease's valid()) before
@@ -52,6 +55,21 @@ class Replica(Protocol):
         """The last epoch in the replica's epoch file (0: none). The broker records epoch E
         when it becomes master of E and before it follows E's master, so every genuine syncSet
         member of epoch E reports E; a wiped store reports 0 and may not stand."""
+        ...
+
+    def note_standing(self, epoch: int) -> None:
+        """Durably record "standing for `epoch`" (it replaces any earlier record); called before
+        every CAS that would make this replica master of `epoch` (create or election). Raises
+        if it cannot be recorded: the member then does not CAS.
+
+        Why: the CAS and the epoch file's append (in become_master) are two steps, and a crash
+        (or a lost CAS answer) between them leaves etcd naming this replica master of an epoch
+        its epoch file does not show. Only this record tells such a replica from a wiped one
+        under the same id, and lets it finish the election instead of wedging the group."""
+        ...
+
+    def standing(self) -> int:
+        """The epoch of the last note_standing (0: none, e.g. a wiped store)."""
         ...
 
     async def stop_replicating(self) -> int:

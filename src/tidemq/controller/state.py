@@ -7,7 +7,7 @@ and the truncation rule a follower applies to its log before it follows.
 
     {prefix}/groups/{cluster}/{name}/
         state              GroupState   epoch, master, addrs, syncSet, epochs   (CAS only)
-        alive/{replicaId}  AliveRecord  addr, haAddr, maxOffset                (on a lease)
+        alive/{replicaId}  AliveRecord  addr, haAddr, maxOffset, lastEpoch     (on a lease)
 
     first   (no state)           -> epoch 1, master m, syncSet {m}, epochs [(1, offset)]
     elect   epoch e, master any  -> epoch e+1, master c, syncSet {c}, epochs + (e+1, offset)
@@ -147,21 +147,32 @@ class GroupState:
 @dataclass(frozen=True, slots=True)
 class AliveRecord:
     """What a member publishes on its lease: its addresses and log end (for the operator and
-    for the master's view of the group)."""
+    for the master's view of the group), and its last recorded epoch, so that no replica
+    creates a missing state while one holding the group's history is alive (rules.py).
+
+    `last_epoch` None: unknown (a record from a version without the field), which counts as
+    "may hold history"."""
 
     addr: str
     ha_addr: str
     max_offset: int
+    last_epoch: int | None = None
 
     def to_json(self) -> bytes:
-        return orjson.dumps(
-            {"addr": self.addr, "haAddr": self.ha_addr, "maxOffset": self.max_offset}
-        )
+        doc: dict[str, object] = {
+            "addr": self.addr,
+            "haAddr": self.ha_addr,
+            "maxOffset": self.max_offset,
+        }
+        if self.last_epoch is not None:
+            doc["lastEpoch"] = self.last_epoch
+        return orjson.dumps(doc)
 
     @classmethod
     def from_json(cls, raw: bytes) -> AliveRecord:
         doc = _object(raw, "alive record")
-        return cls(_str(doc, "addr"), _str(doc, "haAddr"), _int(doc, "maxOffset", minimum=0))
+        last = _int(doc, "lastEpoch", minimum=0) if "lastEpoch" in doc else None
+        return cls(_str(doc, "addr"), _str(doc, "haAddr"), _int(doc, "maxOffset", minimum=0), last)
 
 
 def _check_consistent(state: GroupState) -> None:
