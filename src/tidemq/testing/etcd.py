@@ -9,40 +9,35 @@
 
 Readiness is "GET /health on the client port says healthy" (etcd serves HTTP/1 there besides
 gRPC), polled with a deadline: a listening port alone may come before the member has elected
-itself leader, and a CAS sent then would fail.
+itself leader, and a CAS sent then would fail. Spawning, signals, stop and the log are
+ServerProcess's (processes.py): only the command and readiness differ.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from tidemq.testing.processes import free_port
+from tidemq.testing.processes import START_TIMEOUT_S, ServerProcess, free_port
 
 ETCD_BINARY: Final = "/usr/bin/etcd"
-START_TIMEOUT_S: Final = 30.0
-STOP_TIMEOUT_S: Final = 10.0
-KILL_TIMEOUT_S: Final = 10.0
 POLL_INTERVAL_S: Final = 0.05
 HEALTH_TIMEOUT_S: Final = 1.0
-LOG_TAIL_CHARS: Final = 4000
 
 
-@dataclass
-class EtcdProcess:
-    """One etcd member; `endpoint` is what EtcdSession takes."""
+class EtcdProcess(ServerProcess):
+    """One etcd member; `endpoint` is what EtcdSession takes. Its data and log are in `root`."""
 
-    root: Path
-    name: str = "etcd0"
-    client_port: int = field(default_factory=free_port)
-    peer_port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    starts: int = 0
+    def __init__(self, root: Path, name: str = "etcd0") -> None:
+        self.root = root
+        self.peer_port = free_port()
+        super().__init__(name=name, args=[], port=free_port(), log_path=root / f"{name}.log")
+
+    @property
+    def client_port(self) -> int:
+        return self.port
 
     @property
     def endpoint(self) -> str:
@@ -52,21 +47,7 @@ class EtcdProcess:
     def data_dir(self) -> Path:
         return self.root / f"{self.name}.data"
 
-    @property
-    def log_path(self) -> Path:
-        return self.root / f"{self.name}.log"
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def log_tail(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
-        except FileNotFoundError:
-            return f"<{self.log_path} missing>"
-
-    def _args(self) -> list[str]:
+    def command(self) -> list[str]:
         client = f"http://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         return [
@@ -82,33 +63,7 @@ class EtcdProcess:
             "--log-outputs=stderr",
         ]
 
-    async def start(self) -> None:
-        """Start etcd (same ports, same data dir on a restart) and wait until it is healthy."""
-        if self.running:
-            raise RuntimeError(f"{self.name} is already running")
-        self._spawn()
-        try:
-            await self._wait_healthy()
-        except BaseException:
-            self.kill()
-            raise
-
-    def _spawn(self) -> None:
-        # Fork and exec only: the start-up is awaited by _wait_healthy.
-        self.starts += 1
-        self.root.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            log.write(f"--- start {self.starts}\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                self._args(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
-
-    async def _wait_healthy(self) -> None:
+    async def wait_ready(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + START_TIMEOUT_S
         while not await self.healthy():
@@ -136,42 +91,6 @@ class EtcdProcess:
         except (OSError, TimeoutError):
             return False
         return b'"health":"true"' in answer
-
-    def kill(self) -> None:
-        """SIGKILL and reap: the ports are free when this returns; the data dir is kept."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(KILL_TIMEOUT_S)
-        self.process = None
-
-    def _signal(self, signum: int) -> None:
-        if self.process is None or not self.running:
-            raise RuntimeError(f"{self.name} is not running")
-        self.process.send_signal(signum)
-
-    def pause(self) -> None:
-        """SIGSTOP: the sockets stay open and nothing answers."""
-        self._signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-
-    async def stop(self) -> None:
-        """SIGTERM (after SIGCONT, in case it is paused) and wait for the exit."""
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGCONT)
-            process.terminate()
-            try:
-                await asyncio.to_thread(process.wait, STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise TimeoutError(f"{self.name} did not stop:\n{self.log_tail()}") from None
-        self.process = None
 
     async def restart(self) -> None:
         """Kill (if running) and start again on the same ports and data dir."""

@@ -122,20 +122,29 @@ class ServerProcess:
             raise RuntimeError(f"{self.name} is already running")
         self._spawn()
         try:
-            await self._wait_accepting()
+            await self.wait_ready()
         except BaseException:
             self.kill()
             raise
 
+    def command(self) -> list[str]:
+        """The argv to exec: `tidemq` with `args` (a subclass runs another program)."""
+        return [sys.executable, "-m", "tidemq.cli.main", *self.args]
+
+    async def wait_ready(self) -> None:
+        """Return once the started process serves: by default, once its port accepts."""
+        await self._wait_accepting()
+
     def _spawn(self) -> None:
-        # Fork and exec only: the process's start-up is awaited by _wait_accepting.
+        # Fork and exec only: the process's start-up is awaited by wait_ready.
         self.starts += 1
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = self.command()
         with self.log_path.open("ab") as log:
-            log.write(f"--- start {self.starts}: tidemq {' '.join(self.args)}\n".encode())
+            log.write(f"--- start {self.starts}: {' '.join(command)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tidemq.cli.main", *self.args],
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
