@@ -25,6 +25,7 @@ _FALSE_TEXTS: Final = frozenset({"false", "0"})
 # Java longs are signed 64-bit; a bigger value is a broken peer, not a big offset.
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
+_INT64_DIGITS_MAX: Final = len(str(_INT64_MAX))  # 19
 # Decimal figures that always fit an int64 (10**18 - 1 < 2**63), so the hot path skips the check.
 PLAIN_DIGITS_MAX: Final = 18
 
@@ -54,6 +55,10 @@ def parse_int_text(text: str, *, what: str) -> int:
     stripped = text.strip()
     if not _INTEGER.fullmatch(stripped):
         raise ProtocolError(f"{what} is not an integer: {text!r}")
+    # Leading zeros aside, more figures than any int64 has is out of range; checked before int(),
+    # which refuses text of over 4300 digits with a ValueError (found by tests/fuzz).
+    if len(stripped.lstrip("+-").lstrip("0")) > _INT64_DIGITS_MAX:
+        raise ProtocolError(f"{what} is out of the 64-bit range: {text[:40]!r}...")
     value = int(stripped)
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise ProtocolError(f"{what} is out of the 64-bit range: {text!r}")

@@ -481,8 +481,9 @@ class FileMessageStore:
 
     # --- lookups ------------------------------------------------------------------------------
 
-    def read_record(self, physical_offset: int) -> bytes | None:
-        return self._log.read_record(physical_offset)
+    def read_record(self, physical_offset: int, *, from_peer: bool = False) -> bytes | None:
+        """CommitLog.read_record: `from_peer` when a request named the offset."""
+        return self._log.read_record(physical_offset, from_peer=from_peer)
 
     def read_raw(self, physical_offset: int, size_max: int) -> bytes:
         return self._log.read_raw(physical_offset, size_max)
