@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.test-installed
 JS_DIR := tests/compat/js
 JS_STAMP := $(JS_DIR)/node_modules/.installed
 
-.PHONY: run test check lint typecheck unit bench bench-deps bench-failover clean java etcd chaos
+.PHONY: run test check lint typecheck unit bench bench-deps bench-failover clean java etcd chaos bench-security fuzz
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,25 @@ chaos: $(TEST_STAMP) etcd
 	$(PY) -m tidemq.testing.chaos --seed $(or $(SEED),1) --faults $(or $(FAULTS),100) \
 		--run-dir $(or $(CHAOS_DIR),/tmp/tidemq-chaos/$(shell date -u +%Y%m%dT%H%M%S))
 
+## fuzz: the decoders' fuzz targets (tidemq.testing.fuzz) for FUZZ_SECONDS (default 600); prints
+## examples and distinct failures per target, saves failing inputs in FUZZ_DIR (fuzz-failures/);
+## then the network fuzz test for FUZZ_NET_ROUNDS (default 5) random seeds, each printed (a
+## failing one is also appended to FUZZ_DIR/network-failed-seeds.txt; replay it with
+## TIDEMQ_FUZZ_SEED=N). Exits non-zero on any failure. Meant to run daily (docs/security.md)
+FUZZ_DIR_USED = $(or $(FUZZ_DIR),fuzz-failures)
+fuzz: $(TEST_STAMP)
+	@status=0; \
+	$(PY) -m tidemq.testing.fuzz --budget-seconds $(or $(FUZZ_SECONDS),600) \
+		--failures-dir $(FUZZ_DIR_USED) || status=1; \
+	for round in $$(seq $(or $(FUZZ_NET_ROUNDS),5)); do \
+		seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
+		echo "network fuzz round $$round: TIDEMQ_FUZZ_SEED=$$seed"; \
+		TIDEMQ_FUZZ_SEED=$$seed $(PY) -m pytest -q -s -p no:cacheprovider \
+			tests/fuzz/test_network_fuzz.py || { status=1; mkdir -p $(FUZZ_DIR_USED); \
+			echo $$seed >> $(FUZZ_DIR_USED)/network-failed-seeds.txt; }; \
+	done; \
+	exit $$status
+
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): pyproject.toml | $(VENV)/bin/python
@@ -81,6 +100,11 @@ $(BENCH_STAMP): pyproject.toml | $(VENV)/bin/python
 ## cost against one SYNC_FLUSH broker (~3 min, needs etcd)
 bench-failover: $(BENCH_STAMP) etcd
 	$(PY) benchmarks/bench_failover.py all --failovers $(or $(FAILOVERS),20) --runs $(or $(RUNS),3)
+
+## bench-security: the cost of ACL and TLS on pipelined produce, as ratios to plain measured in
+## the same run (targets: ACL >= 0.9x, TLS >= 0.8x; ~1 min; certificates made for the run)
+bench-security: $(TEST_STAMP)
+	$(PY) benchmarks/bench_security.py --runs $(or $(RUNS),3)
 
 ## bench-deps: the peer brokers (Debian packages) and their Python clients, for `make bench`
 bench-deps: $(BENCH_STAMP)

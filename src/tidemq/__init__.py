@@ -48,6 +48,7 @@ from tidemq.errors import (
     QueueError,
     RequestTimeoutError,
 )
+from tidemq.security.signing import Credentials
 
 __all__ = [
     "Admin",
@@ -64,6 +65,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeOrderlyStatus",
     "ConsumeResult",
+    "Credentials",
     "LocalTransactionState",
     "Message",
     "MessageExt",

@@ -19,7 +19,9 @@ MESSAGE_PROPERTIES_SIZE_MAX: Final = 32_767
 TOPIC_NAME_LENGTH_MAX: Final = 127
 # Group names share the topic name rules (a group's retry topic is "%RETRY%" + group).
 GROUP_NAME_LENGTH_MAX: Final = 120
-# JSON header cap: extFields are small maps; a bigger header is a broken or hostile peer.
+# Header cap: extFields are small maps. A bigger header inside a well-formed frame is decoded
+# (the frame cap bounds the cost) and answered, not served (remoting/inbound.py): in a send it
+# means properties far over MESSAGE_PROPERTIES_SIZE_MAX.
 FRAME_HEADER_SIZE_MAX: Final = 1 * MIB
 # As Java's com.rocketmq.remoting.frameMaxLength. A batch of many messages must still fit.
 FRAME_SIZE_MAX: Final = 16 * MIB

@@ -28,6 +28,7 @@ import pytest
 
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import FrameDecoder, RemotingCommand, encode
+from tidemq.security.signing import Credentials, sign
 
 SERVER_START_TIMEOUT_S = 30.0  # Python start-up, store recovery on an empty dir, registration.
 SERVER_STOP_TIMEOUT_S = 15.0  # SIGTERM to exit: persist offsets, unregister, close the store.
@@ -70,6 +71,9 @@ class TideMQServer:
     broker_addr: str
     processes: list[ServerProcess]
     work_dir: Path
+    # (accessKey, secretKey) the tests' own name-server queries sign with: an ACL name server
+    # answers reads to a valid signature only.
+    credentials: tuple[str, str] | None = None
 
     def logs(self) -> str:
         return "\n".join(proc.describe() for proc in self.processes)
@@ -93,7 +97,7 @@ class TideMQServer:
         Waits for the route first: a broker registers an auto-created topic asynchronously.
         """
         wait_for_route(self, topic)
-        response = query_route(self.namesrv_addr, topic)
+        response = query_route(self.namesrv_addr, topic, self.credentials)
         assert response.code == ResponseCode.SUCCESS, (response.code, response.remark)
         route = json.loads(response.body)
         return sum(int(queue["readQueueNums"]) for queue in route["queueDatas"])
@@ -135,13 +139,18 @@ def wait_for_port(port: int, server: TideMQServer) -> None:
     pytest.fail(f"port {port} not accepting after {SERVER_START_TIMEOUT_S}s\n{server.logs()}")
 
 
-def query_route(namesrv_addr: str, topic: str) -> RemotingCommand:
-    """One raw GET_ROUTEINFO_BY_TOPIC, spelled as the C++ client spells it."""
+def query_route(
+    namesrv_addr: str, topic: str, credentials: tuple[str, str] | None = None
+) -> RemotingCommand:
+    """One raw GET_ROUTEINFO_BY_TOPIC, spelled as the C++ client spells it (signed with
+    `credentials` when given)."""
     host, port = namesrv_addr.rsplit(":", 1)
     request = RemotingCommand(
         code=RequestCode.GET_ROUTEINFO_BY_TOPIC, opaque=1, ext_fields={"topic": topic},
         language="CPP",
     )  # fmt: skip
+    if credentials is not None:
+        sign(request, Credentials(*credentials))
     decoder = FrameDecoder()
     with socket.create_connection((host, int(port)), timeout=ROUTE_PROBE_TIMEOUT_S) as sock:
         sock.sendall(encode(request))
@@ -159,7 +168,7 @@ def wait_for_route(server: TideMQServer, topic: str) -> None:
     last: str = "no answer"
     while time.monotonic() < deadline:
         try:
-            response = query_route(server.namesrv_addr, topic)
+            response = query_route(server.namesrv_addr, topic, server.credentials)
         except OSError as exc:
             last = repr(exc)
         else:

@@ -263,11 +263,15 @@ class CppClients:
     server: TideMQServer
     work_dir: Path
     clients: list[CppClient] = field(default_factory=list)
+    # (access key, secret key) every driver signs with (set_session_credentials), or None.
+    credentials: tuple[str, str] | None = None
 
     def _spawn(self, name: str, args: list[str]) -> CppClient:
         home = self.work_dir / f"home-{name}"
         home.mkdir(parents=True)
         stderr_path = self.work_dir / f"{name}.stderr"
+        if self.credentials is not None:
+            args = [*args, "--access-key", self.credentials[0], "--secret-key", self.credentials[1]]
         with stderr_path.open("w") as stderr:
             process = subprocess.Popen(
                 [sys.executable, str(CPP_DRIVER), *args, "--namesrv", self.server.namesrv_addr],

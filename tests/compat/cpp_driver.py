@@ -91,9 +91,16 @@ def result_fields(result: Any) -> dict[str, Any]:
     return {"status": int(result.status), "msg_id": result.msg_id, "offset": result.offset}
 
 
+def set_credentials(client: Any, args: argparse.Namespace) -> None:
+    """--access-key/--secret-key: the client signs every request (ACL), channel "LOCAL"."""
+    if args.access_key:
+        client.set_session_credentials(args.access_key, args.secret_key, "LOCAL")
+
+
 def run_producer(args: argparse.Namespace) -> None:
     producer = Producer(args.group, timeout=args.send_timeout_ms)
     producer.set_namesrv_addr(args.namesrv)
+    set_credentials(producer, args)
     producer.start()
     emit("ready")
     # Async sends: the message objects must outlive the call until their callback has fired.
@@ -143,6 +150,7 @@ def run_push(args: argparse.Namespace) -> None:
     model = MessageModel.BROADCASTING if args.model == "broadcasting" else MessageModel.CLUSTERING
     consumer = PushConsumer(args.group, orderly=args.orderly, message_model=model)
     consumer.set_namesrv_addr(args.namesrv)
+    set_credentials(consumer, args)
     if args.thread_count:
         consumer.set_thread_count(args.thread_count)
 
@@ -165,6 +173,7 @@ def run_push(args: argparse.Namespace) -> None:
 def run_pull(args: argparse.Namespace) -> None:
     consumer = PullConsumer(args.group)
     consumer.set_namesrv_addr(args.namesrv)
+    set_credentials(consumer, args)
     consumer.start()
     emit("ready")
     count = 0
@@ -204,6 +213,9 @@ def main() -> None:
     pull.add_argument("--expect", type=int, required=True)
     pull.add_argument("--timeout-s", type=float, default=20.0)
     pull.add_argument("--max-num", type=int, default=32)
+    for role in (producer, push, pull):
+        role.add_argument("--access-key", default=None)
+        role.add_argument("--secret-key", default=None)
     args = parser.parse_args()
     try:
         {"producer": run_producer, "push": run_push, "pull": run_pull}[args.role](args)

@@ -258,7 +258,7 @@ async def test_handler_exception(
 
 
 async def test_request_hook_answers_instead(harness: Harness) -> None:
-    async def hook(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+    def hook(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         if cmd.ext_fields.get("AccessKey") == "bad":
             return cmd.response(ResponseCode.SYSTEM_ERROR, remark="No accessKey is configured")
         return None

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tidemq.broker.access import NO_ACL, AccessGate, BrokerAcl, inner_signer
 from tidemq.broker.clients import ClientRegistry, ConsumerIdsNotifier, QueueLockTable
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.durability import Durability
@@ -49,6 +50,7 @@ from tidemq.broker.replication import ControlledRole, Replication
 from tidemq.broker.schedule import DelayRouter, ScheduleService
 from tidemq.broker.service import PeriodicService
 from tidemq.broker.timer import TimerWheel
+from tidemq.broker.tls_setup import check_tls_files, outbound_ssl
 from tidemq.broker.topic_adopt import TopicAdopter
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction.admin import TransactionAdminHandlers
@@ -59,10 +61,11 @@ from tidemq.broker.transaction.resolution import TransactionResolver
 from tidemq.broker.transaction.stats import TransactionStats
 from tidemq.broker.visibility import VisibilityGate
 from tidemq.clock import Clock
-from tidemq.remoting import TURN_BUDGET
+from tidemq.remoting import TURN_BUDGET, Connection
 from tidemq.remoting.client import RemotingClient
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.remoting.server import RemotingServer
+from tidemq.security.permissions import Perm
 from tidemq.store.config import CorruptPolicy, FlushDiskType, StoreConfig
 from tidemq.store.dispatch_retry import DISPATCH_RETRY_INTERVAL_MS_MIN
 from tidemq.store.message_store import DiskUsageProbe, FileMessageStore
@@ -106,7 +109,9 @@ class BrokerApp:
     ) -> None:
         """`disk_usage_probe` replaces the store's disk measurement (tests of a full disk);
         `controlled`: the role the controller gave this broker (failover.py), None outside
-        controller mode."""
+        controller mode. Raises TlsConfigError for a TLS file that is missing or does not fit
+        (tls_setup.py), before anything is opened."""
+        check_tls_files(config)
         self.config = config
         self.controlled = controlled
         self.clock = clock
@@ -152,6 +157,8 @@ class BrokerApp:
         self.flush: FlushService | None = None
         self.durability: Durability | None = None
         self.replication = self._replication()
+        # aclEnable: the request hook and the file reload (access.py); a bad file stops here.
+        self.acl = BrokerAcl(config) if config.acl_enable else None
         self.registration: RegistrationService | None = None
         self._periodic: list[PeriodicService] = []
         self._started = False
@@ -201,6 +208,12 @@ class BrokerApp:
     def ports(self) -> list[int]:
         assert self._server is not None, "broker not started"
         return self._server.ports
+
+    @property
+    def server(self) -> RemotingServer:
+        """The remoting server of the client port (what it serves: `server.handlers.codes()`)."""
+        assert self._server is not None, "broker not started"
+        return self._server
 
     @property
     def address(self) -> str:
@@ -269,7 +282,9 @@ class BrokerApp:
         self.advertised.port = self._server.port
         self.transactions.set_store_host((self.advertised.host, self.advertised.port))
         self.sink_batches.set_store_host((self.advertised.host, self.advertised.port))
-        self._namesrv_client = RemotingClient(clock=self.clock)
+        self._namesrv_client = RemotingClient(
+            clock=self.clock, signer=inner_signer(config), ssl=outbound_ssl(config)
+        )
         self.registration = RegistrationService(
             config,
             self.advertised,
@@ -287,7 +302,7 @@ class BrokerApp:
             CheckBackConfig.from_broker(config),
             self.transactions,
             self.offsets,
-            lambda group: [c.connection for c in self.clients.producer_channels(group)],
+            self._check_back_producers,
             self.clock,
             sink_batches=self.sink_batches,
         )
@@ -344,16 +359,21 @@ class BrokerApp:
             idle_timeout_ms=config.client_expiry_ms,
             extra_ports=[vip] if vip is not None else [],
             clock=self.clock,
+            request_hook=self.acl.hook if self.acl is not None else None,
+            tls=config.tls_server_settings,
             # Under SYNC_FLUSH an answer waits for the disk anyway (and under SYNC_MASTER for a
             # slave): starting a read's sends in slices would only split them over more
             # group-commit rounds (pipelined SYNC sends measured 6 % slower with slices).
             turn_budget=None if durability.waits else TURN_BUDGET,
+            limits=config.connection_limits,
         )
 
     def _periodic_services(self) -> list[PeriodicService]:
         """The broker's timed chores (started by `_start_services`, stopped on shutdown)."""
         config = self.config
+        acl = [self.acl.reload_service()] if self.acl is not None else []
         return [
+            *acl,
             PeriodicService(
                 "consumer-offset-persist",
                 config.consumer_offset_persist_interval_ms,
@@ -380,6 +400,7 @@ class BrokerApp:
 
     def _handler_table(self, durability: Durability) -> HandlerTable:
         table = HandlerTable()
+        gate = self.acl.gate if self.acl is not None else NO_ACL
         SendHandler(
             self.config,
             self.advertised,
@@ -399,14 +420,9 @@ class BrokerApp:
             self.groups,
             durability,
             self.delays,
+            gate,
         ).register(table)
-        EndTransactionHandler(self.config, self.transactions, durability.wait_durable).register(
-            table
-        )
-        EndBatchHandler(self.config, self.sink_batches, durability.wait_durable).register(table)
-        TransactionAdminHandlers(
-            self.transactions.ledger, self.transaction_stats, self.clock
-        ).register(table)
+        self._register_transaction_handlers(table, durability, gate)
         PullHandler(
             self.config,
             self.store,
@@ -445,8 +461,40 @@ class BrokerApp:
             timer_progress=self.timer.progress_doc,
             ha_fields=self.replication.runtime_fields,
         ).register(table)
-        QueryHandlers(self.store, self.clock).register(table)
+        QueryHandlers(self.store, self.clock, gate).register(table)
         return table
+
+    def _register_transaction_handlers(
+        self, table: HandlerTable, durability: Durability, gate: AccessGate
+    ) -> None:
+        EndTransactionHandler(
+            self.config, self.transactions, durability.wait_durable, gate
+        ).register(table)
+        EndBatchHandler(
+            self.config,
+            self.sink_batches,
+            durability.wait_durable,
+            ledger=self.transactions.ledger,
+            gate=gate,
+        ).register(table)
+        TransactionAdminHandlers(
+            self.transactions.ledger, self.transaction_stats, self.clock
+        ).register(table)
+
+    def _check_back_producers(self, group: str, topic: str) -> list[Connection]:
+        """The producers of `group` a check-back about a half of `topic` may go to: under ACL
+        only those whose heartbeat's account has PUB on the topic (the check carries the
+        half's body)."""
+        channels = self.clients.producer_channels(group)
+        acl = self.acl
+        if acl is None:
+            return [c.connection for c in channels]
+        permits = acl.authorizer.permits
+        return [
+            c.connection
+            for c in channels
+            if permits(c.access_key, c.connection.peer[0], topic, Perm.PUB)
+        ]
 
     def _expire_clients(self) -> None:
         self.clients.expire()

@@ -42,6 +42,8 @@ class ClientChannel:
     language: str
     version: int
     last_update_ms: float
+    # The AccessKey its heartbeat was signed with (under ACL: authenticated by the hook).
+    access_key: str | None = None
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ field names carry their units (`flush_interval_ms`, `file_reserved_time_hours`).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -29,6 +30,20 @@ from tidemq.limits import (
 )
 from tidemq.protocol.ha import FRAME_DATA_SIZE_MAX
 from tidemq.protocol.message import MASTER_BROKER_ID
+from tidemq.remoting.caps import (
+    CONNECTIONS_MAX_DEFAULT,
+    CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
+    ConnectionLimits,
+)
+from tidemq.remoting.connection import IN_FLIGHT_BYTES_MAX
+from tidemq.security.signing import Credentials
+from tidemq.security.tls import (
+    TlsClientSettings,
+    TlsServerSettings,
+    default_mode,
+    parse_client_auth,
+    parse_mode,
+)
 from tidemq.store.config import COMMIT_LOG_RESIDENT_BYTES_DEFAULT
 
 log = logging.getLogger(__name__)
@@ -98,6 +113,15 @@ class BrokerConfig:
     delete_when: str = "04"
     disk_max_used_space_ratio_percent: int = 75
     max_message_size: int = MESSAGE_BODY_SIZE_MAX
+    # Limits (issue 15; remoting/caps.py, turns.py; 0: no cap): connections served in all and
+    # per remote address, body bytes of one connection's requests in flight before it reads no
+    # more, and upstream's fast failure: with brokerFastFailureEnable a send that waited
+    # waitTimeMillsInSendQueue in its connection's backlog is answered SYSTEM_BUSY.
+    connections_max: int = CONNECTIONS_MAX_DEFAULT
+    connections_per_address_max: int = CONNECTIONS_PER_ADDRESS_MAX_DEFAULT
+    in_flight_bytes_per_connection_max: int = IN_FLIGHT_BYTES_MAX
+    broker_fast_failure_enable: bool = True
+    send_queue_wait_ms_max: int = 200
     broker_permission: int = 6
     reject_transaction_message: bool = False
     transaction_timeout_ms: int = 6_000
@@ -148,6 +172,30 @@ class BrokerConfig:
     # 15 s; below syncFlushTimeout here, so a send waiting for it is answered in time).
     ha_max_time_slave_not_catchup_ms: int = 3_000
     all_ack_in_sync_state_set: bool = True
+    # ACL (issue 15, RocketMQ's aclEnable): requests are signed and checked against
+    # plain_acl.yml (security/acl.py). The file's default is plain_acl.yml beside broker.conf
+    # (config_file.py); without a broker.conf it must be given.
+    acl_enable: bool = False
+    acl_file_path: Path | None = None
+    # RocketMQ 5's innerClientAuthenticationCredentials, JSON {"accessKey": .., "secretKey": ..}:
+    # what this broker signs its own requests with (registration with name servers, a slave's
+    # requests to its master). Redacted wherever the config is shown.
+    inner_client_authentication_credentials: str = field(default="", repr=False)
+    # TLS (issue 15), upstream's keys (security/tls.py). tls.server.mode empty: permissive when
+    # a certificate and key are given, else disabled. tls.enable: this broker's own connections
+    # (to name servers, a slave's to its master, and its HA link) are TLS, with tls.client.*.
+    tls_server_mode: str = ""
+    tls_server_cert_path: Path | None = None
+    tls_server_key_path: Path | None = None
+    tls_server_key_password: str = field(default="", repr=False)
+    tls_server_need_client_auth: str = "none"
+    tls_server_trust_cert_path: Path | None = None
+    tls_enable: bool = False
+    tls_client_cert_path: Path | None = None
+    tls_client_key_path: Path | None = None
+    tls_client_key_password: str = field(default="", repr=False)
+    tls_client_trust_cert_path: Path | None = None
+    tls_client_auth_server: bool = True
 
     def __post_init__(self) -> None:
         self._check_identity()
@@ -155,6 +203,8 @@ class BrokerConfig:
         self._check_periods()
         self._check_delays_and_transactions()
         self._check_replication()
+        self._check_tls()
+        self._check_acl()
         for addr in self.namesrv_addrs:
             _check_addr("namesrvAddr", addr)
 
@@ -202,6 +252,14 @@ class BrokerConfig:
             raise _bad("corruptPolicy", self.corrupt_policy, "must be refuse or quarantine")
         if self.commit_log_resident_bytes < 0:
             raise _bad("commitLogResidentBytes", self.commit_log_resident_bytes, "must be >= 0")
+        for key, value in (
+            ("maxConnections", self.connections_max),
+            ("maxConnectionsPerAddress", self.connections_per_address_max),
+            ("maxInFlightBytesPerConnection", self.in_flight_bytes_per_connection_max),
+            ("waitTimeMillsInSendQueue", self.send_queue_wait_ms_max),
+        ):
+            if value < 0:
+                raise _bad(key, value, "must be >= 0 (0: no limit)")
 
     def _check_periods(self) -> None:
         """Every period and timeout in ms is positive: zero would spin a service or never wait."""
@@ -298,6 +356,71 @@ class BrokerConfig:
         if self.ha_secret and len(self.ha_secret.encode()) < HA_SECRET_SIZE_MIN:
             log.warning("haSecret has fewer than %d bytes: use a longer one", HA_SECRET_SIZE_MIN)
 
+    def _check_acl(self) -> None:
+        """The ACL file is named when ACL is on; inner credentials parse; a replica that must
+        read its master's metadata over remoting has credentials to sign with."""
+        if self.inner_client_authentication_credentials:
+            self.inner_credentials  # noqa: B018 (parses, or raises ConfigError)
+        if not self.acl_enable:
+            return
+        if self.acl_file_path is None:
+            raise _bad("aclFilePath", "", "required by aclEnable=true (the plain_acl.yml to use)")
+        if (
+            self.broker_role == "SLAVE" or self.enable_controller_mode
+        ) and not self.inner_client_authentication_credentials:
+            raise _bad(
+                "innerClientAuthenticationCredentials",
+                "",
+                "required by aclEnable=true for "
+                + ("enableControllerMode" if self.enable_controller_mode else "brokerRole=SLAVE")
+                + ": a slave signs its metadata copies from the master with an admin account"
+                " of the master's plain_acl.yml",
+            )
+
+    @property
+    def inner_credentials(self) -> Credentials | None:
+        """innerClientAuthenticationCredentials parsed; None when not set."""
+        text = self.inner_client_authentication_credentials
+        if not text:
+            return None
+        return parse_inner_credentials(text)
+
+    def _check_tls(self) -> None:
+        """The TLS settings are complete (files are read when the broker starts)."""
+        self.tls_server_settings  # noqa: B018 (builds, or raises TlsConfigError)
+        self.tls_client_settings  # noqa: B018
+
+    @property
+    def tls_server_settings(self) -> TlsServerSettings:
+        """What the client ports (listenPort, the VIP port) speak: tls.server.*."""
+        client_auth = parse_client_auth(self.tls_server_need_client_auth)
+        if self.tls_server_mode:
+            mode = parse_mode(self.tls_server_mode)
+        else:
+            given = self.tls_server_cert_path is not None and self.tls_server_key_path is not None
+            mode = default_mode(certificate=given, client_auth=client_auth)
+        return TlsServerSettings(
+            mode=mode,
+            cert_path=self.tls_server_cert_path,
+            key_path=self.tls_server_key_path,
+            key_password=self.tls_server_key_password,
+            client_auth=client_auth,
+            trust_cert_path=self.tls_server_trust_cert_path,
+        )
+
+    @property
+    def tls_client_settings(self) -> TlsClientSettings | None:
+        """How this broker dials (tls.client.*); None unless tls.enable."""
+        if not self.tls_enable:
+            return None
+        return TlsClientSettings(
+            trust_cert_path=self.tls_client_trust_cert_path,
+            cert_path=self.tls_client_cert_path,
+            key_path=self.tls_client_key_path,
+            key_password=self.tls_client_key_password,
+            verify_server=self.tls_client_auth_server,
+        )
+
     def _check_controller_mode(self) -> None:
         """Controller mode: the controller decides the role; what it needs is there."""
         if self.broker_id < 1:
@@ -353,6 +476,18 @@ class BrokerConfig:
             )
 
     @property
+    def connection_limits(self) -> ConnectionLimits:
+        """The client ports' connection caps and per-connection limits (remoting/caps.py)."""
+        return ConnectionLimits(
+            connections_max=self.connections_max,
+            connections_per_address_max=self.connections_per_address_max,
+            in_flight_bytes_max=self.in_flight_bytes_per_connection_max,
+            send_wait_ms_max=(
+                self.send_queue_wait_ms_max if self.broker_fast_failure_enable else None
+            ),
+        )
+
+    @property
     def is_slave(self) -> bool:
         return self.broker_role == "SLAVE"
 
@@ -385,6 +520,28 @@ class BrokerConfig:
     @property
     def is_master(self) -> bool:
         return self.broker_id == MASTER_BROKER_ID and self.broker_role != "SLAVE"
+
+
+def parse_inner_credentials(text: str) -> Credentials:
+    """RocketMQ 5's `{"accessKey":"..","secretKey":".."}`. Errors never quote the value.
+
+    Raises:
+        ConfigError: not that JSON object.
+    """
+    key = "innerClientAuthenticationCredentials"
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ConfigError(f'{key}: not JSON (expected {{"accessKey":..,"secretKey":..}})') from None
+    if not isinstance(value, dict):
+        raise ConfigError(f'{key}: expected a JSON object {{"accessKey":..,"secretKey":..}}')
+    access_key, secret_key = value.get("accessKey"), value.get("secretKey")
+    if not isinstance(access_key, str) or not isinstance(secret_key, str):
+        raise ConfigError(f"{key}: needs string fields accessKey and secretKey")
+    try:
+        return Credentials(access_key, secret_key)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
 
 
 def _check_addr(key: str, addr: str) -> None:

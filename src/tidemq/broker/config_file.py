@@ -32,6 +32,9 @@ from tidemq.limits import CONSUME_QUEUE_ENTRY_SIZE
 
 log = logging.getLogger(__name__)
 
+# aclFilePath when not set: this name beside the broker.conf file.
+ACL_FILE_NAME: Final = "plain_acl.yml"
+
 
 # Keys needing conversion or cross-checks rather than a plain field assignment: the consume
 # queue's file size (bytes, kept as entries; also under RocketMQ's old misspelling) and the
@@ -49,7 +52,8 @@ assert set(_BY_FIELD) == {f.name for f in dataclasses.fields(BrokerConfig)} - {
 
 
 def _env_name(key: str) -> str:
-    return ENV_PREFIX + re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).upper()
+    # tls.server.certPath → TIDEMQ_TLS_SERVER_CERT_PATH
+    return ENV_PREFIX + re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).upper().replace(".", "_")
 
 
 def load_broker_config(
@@ -85,6 +89,9 @@ def load_broker_config(
                 continue
             override_key = _BY_FIELD[name].name if name in _BY_FIELD else name
             _apply(values, source_of, override_key, value, "override")
+    if path is not None and values.get("acl_enable") and values.get("acl_file_path") is None:
+        # As upstream's conf/plain_acl.yml beside conf/broker.conf.
+        values["acl_file_path"] = Path(path).parent / ACL_FILE_NAME
     root = values.get("store_path_root_dir", BrokerConfig().store_path_root_dir)
     commit_log_dir = values.pop("_store_path_commit_log", None)
     if commit_log_dir is not None and Path(commit_log_dir) != Path(root) / "commitlog":

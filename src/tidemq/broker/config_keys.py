@@ -56,6 +56,10 @@ def _parse_optional_port(text: str) -> int | None:
     return parse_int(stripped) if stripped else None
 
 
+def _parse_optional_path(text: str) -> Path | None:
+    return parse_path(text) if text.strip() else None
+
+
 def _render_optional(value: object) -> str:
     return "" if value is None else str(value)
 
@@ -223,6 +227,39 @@ KEYS: Final[tuple[ConfigKey, ...]] = (
     ),
     ConfigKey("maxMessageSize", "max_message_size", parse_int, "Largest message body, bytes."),
     ConfigKey(
+        "maxConnections",
+        "connections_max",
+        parse_int,
+        "Connections served at once on the client ports; one more is closed at accept, with a"
+        " log line (TideMQ extension; 0 = no cap).",
+    ),
+    ConfigKey(
+        "maxConnectionsPerAddress",
+        "connections_per_address_max",
+        parse_int,
+        "Of those, from one remote address (TideMQ extension; 0 = no cap).",
+    ),
+    ConfigKey(
+        "maxInFlightBytesPerConnection",
+        "in_flight_bytes_per_connection_max",
+        parse_int,
+        "Body bytes of one connection's requests being handled before the broker reads no more"
+        " of its requests (backpressure, not a refusal; TideMQ extension; 0 = no bound).",
+    ),
+    ConfigKey(
+        "brokerFastFailureEnable",
+        "broker_fast_failure_enable",
+        parse_bool,
+        "Answer SYSTEM_BUSY [TIMEOUT_CLEAN_QUEUE] to a send that waited waitTimeMillsInSendQueue"
+        " before the broker could start it; the producer retries it elsewhere.",
+    ),
+    ConfigKey(
+        "waitTimeMillsInSendQueue",
+        "send_queue_wait_ms_max",
+        parse_int,
+        "How long a send may wait in its connection's queue, ms (brokerFastFailureEnable).",
+    ),
+    ConfigKey(
         "brokerPermission",
         "broker_permission",
         parse_int,
@@ -383,5 +420,114 @@ KEYS: Final[tuple[ConfigKey, ...]] = (
         "all_ack_in_sync_state_set",
         parse_bool,
         "Controller mode: a send is acknowledged once every in-sync replica has it (only true).",
+    ),
+    ConfigKey(
+        "aclEnable",
+        "acl_enable",
+        parse_bool,
+        "Check every request's signature and permissions against aclFilePath (RocketMQ's plain"
+        " ACL; docs/security.md).",
+    ),
+    ConfigKey(
+        "aclFilePath",
+        "acl_file_path",
+        _parse_optional_path,
+        "The plain_acl.yml of aclEnable, reloaded when it changes. Empty: plain_acl.yml beside"
+        " the broker.conf file (TideMQ extension).",
+        render=_render_optional,
+    ),
+    ConfigKey(
+        "innerClientAuthenticationCredentials",
+        "inner_client_authentication_credentials",
+        _parse_str,
+        'What the broker signs its own requests with, {"accessKey":"..","secretKey":".."}: an'
+        " admin account of the name servers' and the master's ACL files. Required with aclEnable"
+        " on a SLAVE.",
+        render=_render_secret,
+    ),
+    ConfigKey(
+        "tls.server.mode",
+        "tls_server_mode",
+        _parse_str,
+        "disabled | permissive (TLS and plaintext on one port, by the first byte) | enforcing"
+        " (TLS only). Empty: enforcing with tls.server.need.client.auth=require, else permissive"
+        " when tls.server.certPath and keyPath are set, else disabled.",
+    ),
+    ConfigKey(
+        "tls.server.certPath",
+        "tls_server_cert_path",
+        _parse_optional_path,
+        "PEM certificate (chain) of the client ports.",
+        render=_render_optional,
+    ),
+    ConfigKey(
+        "tls.server.keyPath",
+        "tls_server_key_path",
+        _parse_optional_path,
+        "PEM private key of tls.server.certPath.",
+        render=_render_optional,
+    ),
+    ConfigKey(
+        "tls.server.keyPassword",
+        "tls_server_key_password",
+        _parse_str,
+        "Password of an encrypted tls.server.keyPath.",
+        render=_render_secret,
+    ),
+    ConfigKey(
+        "tls.server.need.client.auth",
+        "tls_server_need_client_auth",
+        _parse_str,
+        "Client certificates (mutual TLS): none | optional | require; verified against"
+        " tls.server.trustCertPath. require needs tls.server.mode=enforcing (its default).",
+    ),
+    ConfigKey(
+        "tls.server.trustCertPath",
+        "tls_server_trust_cert_path",
+        _parse_optional_path,
+        "PEM CA certificates client certificates are verified against.",
+        render=_render_optional,
+    ),
+    ConfigKey(
+        "tls.enable",
+        "tls_enable",
+        parse_bool,
+        "The broker's own connections (to name servers, a slave's to its master, the HA link)"
+        " use TLS with tls.client.*.",
+    ),
+    ConfigKey(
+        "tls.client.certPath",
+        "tls_client_cert_path",
+        _parse_optional_path,
+        "PEM client certificate the broker shows when a server asks (mutual TLS).",
+        render=_render_optional,
+    ),
+    ConfigKey(
+        "tls.client.keyPath",
+        "tls_client_key_path",
+        _parse_optional_path,
+        "PEM private key of tls.client.certPath.",
+        render=_render_optional,
+    ),
+    ConfigKey(
+        "tls.client.keyPassword",
+        "tls_client_key_password",
+        _parse_str,
+        "Password of an encrypted tls.client.keyPath.",
+        render=_render_secret,
+    ),
+    ConfigKey(
+        "tls.client.trustCertPath",
+        "tls_client_trust_cert_path",
+        _parse_optional_path,
+        "PEM CA certificates servers are verified against. Empty: the system's CA store.",
+        render=_render_optional,
+    ),
+    ConfigKey(
+        "tls.client.authServer",
+        "tls_client_auth_server",
+        parse_bool,
+        "Verify the server's certificate and its name or IP address (upstream's default is"
+        " false; TideMQ's is true).",
     ),
 )

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from tidemq.broker.access import inner_signer
 from tidemq.broker.config import HA_PORT_OFFSET, BrokerConfig
 from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.ha import HAMaster, HASettings, HASlave
@@ -43,6 +44,7 @@ from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.schedule import ScheduleService
 from tidemq.broker.slave_sync import SlaveSync
 from tidemq.broker.timer import TimerWheel
+from tidemq.broker.tls_setup import outbound_ssl
 from tidemq.broker.topics import TopicTable
 from tidemq.clock import Clock
 from tidemq.remoting.client import RemotingClient
@@ -136,6 +138,8 @@ def ha_settings(config: BrokerConfig) -> HASettings:
         transfer_batch_size=config.ha_transfer_batch_size,
         max_gap_not_in_sync=config.ha_max_gap_not_in_sync,
         sync_timeout_ms=config.sync_flush_timeout_ms,
+        tls=config.tls_server_settings,
+        client_ssl=outbound_ssl(config),
     )
 
 
@@ -173,7 +177,11 @@ class Replication:
                 broker_id=config.broker_id,
                 message_size_max=config.max_message_size,
             )
-            self._client = RemotingClient(clock=clock)
+            # Signed with innerClientAuthenticationCredentials: a master with aclEnable
+            # answers the metadata copies to admin accounts only (security/resources.py).
+            self._client = RemotingClient(
+                clock=clock, signer=inner_signer(config), ssl=outbound_ssl(config)
+            )
             self.sync = SlaveSync(
                 self._client,
                 topics,

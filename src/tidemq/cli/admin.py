@@ -14,7 +14,9 @@ from typing import Any
 
 from tidemq.cli import cluster as cli_cluster
 from tidemq.cli import dlq
+from tidemq.cli.credentials import add_options, credentials_of
 from tidemq.cli.table import print_table
+from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.errors import QueueError
 
 
@@ -40,6 +42,8 @@ def _with_namesrv(parser: argparse.ArgumentParser, namesrv_default: str) -> argp
         default=namesrv_default,
         help=f"name servers, ';'-separated (default {namesrv_default})",
     )
+    add_options(parser)  # --access-key / --secret-key
+    add_client_flags(parser, default=argparse.SUPPRESS)  # --tls, --tls-ca, ...
     return parser
 
 
@@ -137,7 +141,7 @@ def _add_parsers_group(verbs: Any, namesrv_default: str) -> None:
 def _admin(args: argparse.Namespace) -> Any:
     from tidemq.client.blocking import BlockingAdmin
 
-    return BlockingAdmin(args.namesrv_addr)
+    return BlockingAdmin(args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args))
 
 
 def _fail(error: QueueError) -> int:
@@ -227,7 +231,9 @@ def run_send(args: argparse.Namespace) -> int:
     body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
     keys = tuple(args.keys.split()) if args.keys else ()
     try:
-        with BlockingProducer(args.group, args.namesrv_addr) as producer:
+        with BlockingProducer(
+            args.group, args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
+        ) as producer:
             for _ in range(args.count):
                 result = producer.send(Message(args.topic, body, tags=args.tags, keys=keys))
                 queue = result.message_queue
@@ -246,7 +252,9 @@ def run_consume(args: argparse.Namespace) -> int:
 
     received = skipped = 0
     try:
-        with BlockingPullConsumer(args.group, args.namesrv_addr) as consumer:
+        with BlockingPullConsumer(
+            args.group, args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
+        ) as consumer:
             queues = consumer.fetch_subscribe_message_queues(args.topic)
             offsets = {}
             for queue in queues:

@@ -35,12 +35,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from tidemq.cli.credentials import add_options, credentials_of
 from tidemq.cli.table import print_table
+from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.client.admin import Admin
+from tidemq.client.tls import TlsOption
 from tidemq.errors import QueueError
 from tidemq.protocol.bodies import ClusterInfo, KVTable
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
+from tidemq.security.signing import Credentials
 
 # How long one broker may take to answer its runtime info before its row says "unreachable".
 # All brokers are asked at once, so this is also about how long the listing takes at worst.
@@ -198,8 +202,12 @@ async def fetch_answers(admin: Admin, timeout_ms: float) -> list[BrokerAnswer]:
     ]
 
 
-async def _list(namesrv_addr: str, timeout_ms: float) -> list[BrokerAnswer]:
-    async with Admin(namesrv_addr, timeout_ms=timeout_ms) as admin:
+async def _list(
+    namesrv_addr: str, timeout_ms: float, credentials: Credentials | None, tls: TlsOption
+) -> list[BrokerAnswer]:
+    async with Admin(
+        namesrv_addr, timeout_ms=timeout_ms, credentials=credentials, tls=tls
+    ) as admin:
         return await fetch_answers(admin, timeout_ms)
 
 
@@ -220,12 +228,16 @@ def add_actions(
         default=RUNTIME_INFO_TIMEOUT_MS_DEFAULT,
         help="how long each broker may take to answer before it is shown unreachable",
     )
+    add_options(listing)  # --access-key / --secret-key
+    add_client_flags(listing, default=argparse.SUPPRESS)  # --tls, --tls-ca, ...
     listing.set_defaults(run=run_cluster_list)
 
 
 def run_cluster_list(args: argparse.Namespace) -> int:
     try:
-        answers = asyncio.run(_list(args.namesrv_addr, args.timeout_ms))
+        answers = asyncio.run(
+            _list(args.namesrv_addr, args.timeout_ms, credentials_of(args), tls_of(args))
+        )
     except QueueError as error:
         print(f"tidemq: {error}", file=sys.stderr)
         return 1

@@ -31,7 +31,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
+from tidemq.cli.credentials import add_options, credentials_of
 from tidemq.cli.table import print_table
+from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.client import api
 from tidemq.client.admin import Admin
 from tidemq.client.message import Message, MessageExt, PullStatus
@@ -113,6 +115,8 @@ def _common(parser: argparse.ArgumentParser, namesrv_default: str) -> argparse.A
         "-n", "--namesrv-addr", default=namesrv_default, help="name servers, ';'-separated"
     )
     parser.add_argument("-g", "--group", required=True, help="consumer group")
+    add_options(parser)  # --access-key / --secret-key
+    add_client_flags(parser, default=argparse.SUPPRESS)  # --tls, --tls-ca, ...
     return parser
 
 
@@ -186,7 +190,9 @@ async def _read(
 
 
 async def _list(args: argparse.Namespace) -> int:
-    async with Admin(args.namesrv_addr) as admin:
+    async with Admin(
+        args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
+    ) as admin:
         queues = await _dlq_queues(admin, args.group)
         if not queues:
             print(f"no dead letters for group {args.group}")
@@ -246,8 +252,10 @@ def resend_message(letter: MessageExt) -> Message | None:
 async def _resend(args: argparse.Namespace) -> int:
     sent = skipped = 0
     async with (
-        Admin(args.namesrv_addr) as admin,
-        Producer(PRODUCER_GROUP, args.namesrv_addr) as producer,
+        Admin(args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)) as admin,
+        Producer(
+            PRODUCER_GROUP, args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
+        ) as producer,
     ):
 
         async def resend(letter: DeadLetter) -> None:
@@ -297,7 +305,9 @@ async def _online(admin: Admin, group: str, addrs: list[str]) -> bool:
 
 
 async def _reset(args: argparse.Namespace) -> int:
-    async with Admin(args.namesrv_addr) as admin:
+    async with Admin(
+        args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
+    ) as admin:
         route = await admin.topic_route(args.topic)
         if not args.force and await _online(
             admin, args.group, sorted(master_addresses(route).values())

@@ -5,6 +5,10 @@ tidemq topic | cluster | send | consume | message | group    admin verbs (cli/ad
 tidemq store verify|dump DIR                   offline store tools (cli/store.py)
 tidemq tx list|stats                           transactional messages (cli/tx.py)
 tidemq dlq list|resend                         dead letters (cli/dlq.py)
+
+The verbs that talk to servers sign their requests with --access-key / --secret-key (before or
+after the verb) or TIDEMQ_ACCESS_KEY / TIDEMQ_SECRET_KEY, for brokers with ACL (cli/credentials.py),
+and dial in TLS with --tls / --tls-ca / --tls-cert / --tls-key (cli/tls_options.py).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from tidemq._version import __version__
-from tidemq.cli import admin, dlq, servers, store, tx
+from tidemq.cli import admin, credentials, dlq, servers, store, tls_options, tx
 
 NAMESRV_ADDR_DEFAULT = "127.0.0.1:9876"
 
@@ -29,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default=os.environ.get("TIDEMQ_LOG_LEVEL", "INFO"), help="logging level"
     )
+    credentials.add_global_options(parser)  # the verbs that talk to servers sign with them
+    tls_options.add_client_flags(parser)  # ... and dial in TLS with them
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     servers.add_parsers(verbs)
     admin.add_parsers(

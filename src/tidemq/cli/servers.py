@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import logging
 import os
 import resource
@@ -27,11 +29,20 @@ from tidemq.broker.app import BrokerApp
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.config_file import load_broker_config, render_config
 from tidemq.broker.failover import ControlledBroker
+from tidemq.broker.tls_setup import check_tls_files
+from tidemq.cli import tls_options
 from tidemq.clock import SystemClock
 from tidemq.namesrv.app import NamesrvApp
 from tidemq.namesrv.config import NamesrvConfig
 from tidemq.remoting.acceptor import raise_open_files_limit
+from tidemq.remoting.caps import (
+    CONNECTIONS_MAX_DEFAULT,
+    CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
+    ConnectionLimits,
+)
 from tidemq.remoting.loop import install_uvloop
+from tidemq.security.acl_file import AclFileError, load_acl_file
+from tidemq.security.tls import TlsConfigError, TlsServerSettings
 from tidemq.store.lock import StoreLockedError
 
 log = logging.getLogger("tidemq")
@@ -41,12 +52,35 @@ log = logging.getLogger("tidemq")
 DEV_SLAVE_PORT_DEFAULT: Final = 10921
 # The environment variable load_broker_config reads haSecret from (TIDEMQ_ + HA_SECRET).
 HA_SECRET_ENV: Final = "TIDEMQ_HA_SECRET"
+# ... and innerClientAuthenticationCredentials.
+INNER_CREDENTIALS_ENV: Final = "TIDEMQ_INNER_CLIENT_AUTHENTICATION_CREDENTIALS"
 
 
 def add_parsers(verbs: Any) -> None:
     namesrv = verbs.add_parser("namesrv", help="run a name server")
     namesrv.add_argument("--port", type=int, default=9876, help="listen port (default 9876)")
     namesrv.add_argument("--data-dir", type=Path, default=None, help="where KV config is kept")
+    namesrv.add_argument(
+        "--max-connections",
+        type=int,
+        default=CONNECTIONS_MAX_DEFAULT,
+        help=f"connections served at once (default {CONNECTIONS_MAX_DEFAULT:,}; 0: no cap)",
+    )
+    namesrv.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
+        help="of those, from one remote address (default "
+        f"{CONNECTIONS_PER_ADDRESS_MAX_DEFAULT:,}; 0: no cap)",
+    )
+    namesrv.add_argument(
+        "--acl-file",
+        type=Path,
+        default=None,
+        help="plain_acl.yml: broker registration and other writes need an admin account's"
+        " signature, route and topic reads any account's",
+    )
+    tls_options.add_server_flags(namesrv)  # --tls-mode/--tls-cert/--tls-key/--tls-ca/...
     namesrv.set_defaults(run=run_namesrv)
 
     broker = verbs.add_parser("broker", help="run a broker")
@@ -67,6 +101,14 @@ def add_parsers(verbs: Any) -> None:
         help="also run a slave of the broker (data in <data-dir>/master and <data-dir>/slave)",
     )
     dev.add_argument("--slave-port", type=int, default=DEV_SLAVE_PORT_DEFAULT)
+    dev.add_argument(
+        "--acl-file",
+        type=Path,
+        default=None,
+        help="plain_acl.yml: ACL on for the name server and the broker(s), which sign their own"
+        " requests with the file's first admin account unless"
+        " --set innerClientAuthenticationCredentials=... names one",
+    )
     dev.add_argument(
         "--set",
         action="append",
@@ -160,7 +202,20 @@ def open_files_line() -> str:
 def run_namesrv(args: argparse.Namespace) -> int:
     _start_process()
     kv_path = args.data_dir / "kvConfig.json" if args.data_dir else None
-    app = NamesrvApp(NamesrvConfig(listen_port=args.port, kv_config_path=kv_path), SystemClock())
+    config = NamesrvConfig(listen_port=args.port, kv_config_path=kv_path, acl_file=args.acl_file)
+    if args.max_connections < 0 or args.max_connections_per_address < 0:
+        print("tidemq namesrv: --max-connections* must be >= 0 (0: no cap)", file=sys.stderr)
+        return 2
+    limits = ConnectionLimits(
+        connections_max=args.max_connections,
+        connections_per_address_max=args.max_connections_per_address,
+    )
+    try:
+        config = dataclasses.replace(config, limits=limits, tls=tls_options.server_settings(args))
+        app = NamesrvApp(config, SystemClock())
+    except (AclFileError, TlsConfigError) as exc:
+        print(f"tidemq namesrv: {exc}", file=sys.stderr)
+        return 2
     asyncio.run(_serve(app))
     return 0
 
@@ -168,12 +223,18 @@ def run_namesrv(args: argparse.Namespace) -> int:
 def run_broker(args: argparse.Namespace) -> int:
     try:
         config = load_broker_config(args.config, os.environ, _broker_overrides(args))
+        _check_acl_file(config)
     except (ValueError, OSError) as exc:
         print(f"tidemq broker: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
         print(render_config(config) + open_files_line())
         return 0
+    try:
+        check_tls_files(config)  # before the store is opened
+    except TlsConfigError as exc:
+        print(f"tidemq broker: {exc}", file=sys.stderr)
+        return 2
     _start_process()
     try:
         if config.enable_controller_mode:  # the controller decides the role (broker/failover.py)
@@ -186,11 +247,24 @@ def run_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_acl_file(config: BrokerConfig) -> None:
+    """With aclEnable, the ACL file must be usable before anything starts (the broker reads
+    it again when it starts; a reload later keeps the old table on a bad edit).
+
+    Raises:
+        AclFileError: it is not.
+    """
+    if config.acl_enable and config.acl_file_path is not None:
+        load_acl_file(config.acl_file_path)
+
+
 def dev_overrides(args: argparse.Namespace, env: Mapping[str, str]) -> list[dict[str, str]]:
     """The broker.conf overrides of `tidemq dev`'s brokers: the master, then the slave if
     --slave. --set keys apply to both; a slave's role, id, port and store are its own."""
     data_dir: Path = args.data_dir.resolve()
     common = _parse_sets(args.set)
+    if args.acl_file is not None:
+        common = {**_dev_acl_settings(args.acl_file.resolve(), common, env), **common}
     master = {
         "namesrvAddr": f"127.0.0.1:{args.namesrv_port}",
         "listenPort": str(args.broker_port),
@@ -212,6 +286,32 @@ def dev_overrides(args: argparse.Namespace, env: Mapping[str, str]) -> list[dict
     return [master, slave]
 
 
+def _dev_acl_settings(
+    acl_file: Path, common: Mapping[str, str], env: Mapping[str, str]
+) -> dict[str, str]:
+    """`tidemq dev --acl-file`: the brokers check requests against the file and sign their
+    own with innerClientAuthenticationCredentials, by default the file's first admin account
+    (a development shortcut: production brokers name theirs in broker.conf).
+
+    Raises:
+        ValueError: the file is unusable, or has no admin account and none was given.
+    """
+    settings = {"aclEnable": "true", "aclFilePath": str(acl_file)}
+    if "innerClientAuthenticationCredentials" in common or INNER_CREDENTIALS_ENV in env:
+        return settings
+    table = load_acl_file(acl_file)
+    admin = next((account for account in table.accounts.values() if account.admin), None)
+    if admin is None:
+        raise ValueError(
+            f"{acl_file} has no admin account for the brokers to register with: add one or"
+            " --set innerClientAuthenticationCredentials=..."
+        )
+    settings["innerClientAuthenticationCredentials"] = json.dumps(
+        {"accessKey": admin.access_key, "secretKey": admin.secret_key}
+    )
+    return settings
+
+
 def run_dev(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir.resolve()
     try:
@@ -219,6 +319,9 @@ def run_dev(args: argparse.Namespace) -> int:
             load_broker_config(None, os.environ, overrides)
             for overrides in dev_overrides(args, os.environ)
         ]
+        for config in configs:
+            _check_acl_file(config)
+            check_tls_files(config)  # TlsConfigError is a ValueError
     except ValueError as exc:
         print(f"tidemq dev: {exc}", file=sys.stderr)
         return 2
@@ -226,7 +329,10 @@ def run_dev(args: argparse.Namespace) -> int:
     clock = SystemClock()
     namesrv = NamesrvApp(
         NamesrvConfig(
-            listen_port=args.namesrv_port, kv_config_path=data_dir / "namesrv" / "kvConfig.json"
+            listen_port=args.namesrv_port,
+            kv_config_path=data_dir / "namesrv" / "kvConfig.json",
+            acl_file=args.acl_file.resolve() if args.acl_file is not None else None,
+            tls=_dev_namesrv_tls(configs[0]),
         ),
         clock,
     )
@@ -237,6 +343,13 @@ def run_dev(args: argparse.Namespace) -> int:
         print(f"tidemq dev: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _dev_namesrv_tls(config: BrokerConfig) -> TlsServerSettings | None:
+    """`tidemq dev --set tls.server.*`: the name server's port speaks what the brokers' do,
+    with the same certificate (one set of flags for the whole development cluster)."""
+    settings = config.tls_server_settings
+    return settings if settings.enabled else None
 
 
 def _dev_addresses(namesrv_port: int, configs: list[BrokerConfig]) -> str:

@@ -18,7 +18,9 @@ from typing import Any
 
 import orjson
 
+from tidemq.cli.credentials import add_options, credentials_of
 from tidemq.cli.table import print_table
+from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.client.admin import Admin
 from tidemq.errors import QueueError, error_for_code
 from tidemq.protocol.codes import RequestCode, ResponseCode
@@ -47,6 +49,8 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
             "-n", "--namesrv-addr", default=namesrv_default, help="name servers, ';'-separated"
         )
         parser.add_argument("-b", "--broker-addr", help="ask only this broker (host:port)")
+        add_options(parser)  # --access-key / --secret-key
+        add_client_flags(parser, default=argparse.SUPPRESS)  # --tls, --tls-ca, ...
         if name == "list":
             parser.add_argument("--limit", type=int, default=100, help="rows per broker")
         parser.set_defaults(run=run)
@@ -54,7 +58,9 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
 
 async def _ask(args: argparse.Namespace, code: int, fields: dict[str, str]) -> list[Any]:
     """[(broker address, decoded JSON body)] from every master, or the one broker asked."""
-    async with Admin(args.namesrv_addr) as admin:
+    async with Admin(
+        args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
+    ) as admin:
         addrs = [args.broker_addr] if args.broker_addr else await admin.master_addresses()
         answers = []
         for addr in addrs:

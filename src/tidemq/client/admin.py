@@ -48,9 +48,11 @@ from tidemq.protocol.headers import (
     ViewMessageRequestHeader,
 )
 from tidemq.protocol.record import decode_record, decode_records
+from tidemq.security.signing import Credentials
 
 from .instance import AskNext, ClientInstance, no_brokers
 from .message import MessageExt
+from .tls import TlsOption
 
 # QUERY_MESSAGE answers at most this many messages per broker (the broker caps unique-key
 # queries at 32 as well).
@@ -80,10 +82,16 @@ class Admin:
         clock: Clock | None = None,
         instance: ClientInstance | None = None,
         instance_name: str | None = None,
+        credentials: Credentials | None = None,
+        tls: TlsOption = False,
         timeout_ms: float = 5_000,
     ) -> None:
         self._instance = instance or ClientInstance(
-            namesrv_addr, clock=clock, instance_name=instance_name
+            namesrv_addr,
+            clock=clock,
+            instance_name=instance_name,
+            credentials=credentials,
+            tls=tls,
         )
         self.timeout_ms = timeout_ms
 

@@ -50,6 +50,7 @@ from tidemq.limits import MIB, PULL_SUSPEND_MS_DEFAULT, PULL_TIMEOUT_MS_DEFAULT
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import ConsumerData, MessageQueue
 from tidemq.protocol.headers import PullSysFlag
+from tidemq.security.signing import Credentials
 
 from . import api
 from .assignment import (
@@ -75,6 +76,7 @@ from .process_queue import ProcessQueue
 from .pull_answer import UndecodableLog
 from .read_route import PullSuggestions
 from .rebalance import diff_assignment
+from .tls import TlsOption
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,19 @@ SHUTDOWN_CONSUME_WAIT_MS: Final = 10_000
 # Flow control per queue, as RocketMQ's pullThresholdForQueue / pullThresholdSizeForQueue.
 PULL_THRESHOLD_MESSAGES_DEFAULT: Final = 1_000
 PULL_THRESHOLD_BYTES_DEFAULT: Final = 100 * MIB
+
+
+def _broadcast_offset_file(
+    model: MessageModel, group: str, store_dir: Path | str | None, name: str | ClientInstance | None
+) -> LocalOffsetFile | None:
+    """Where a broadcasting consumer keeps its offsets (None: clustering, the broker keeps them),
+    keyed by a name stable across restarts (the instance name, not the client id: it has the
+    pid)."""
+    if model is not MessageModel.BROADCASTING:
+        return None
+    base = Path(store_dir) if store_dir else Path.home() / ".tidemq_offsets"
+    label = name.instance_name if isinstance(name, ClientInstance) else name or "DEFAULT"
+    return LocalOffsetFile.for_group(base, label, group)
 
 
 class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
@@ -118,13 +133,19 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
         clock: Clock | None = None,
         instance: ClientInstance | None = None,
         instance_name: str | None = None,
+        credentials: Credentials | None = None,
+        tls: TlsOption = False,
     ) -> None:
         pm.validate_group(group)
         if consume_concurrency < 1 or pull_batch_size < 1 or consume_batch_max < 1:
             raise ValueError("consume_concurrency, pull_batch_size, consume_batch_max must be >= 1")
         self._group = group
         self._instance = instance or ClientInstance(
-            namesrv_addr, clock=clock, instance_name=instance_name
+            namesrv_addr,
+            clock=clock,
+            instance_name=instance_name,
+            credentials=credentials,
+            tls=tls,
         )
         self._clock = self._instance.clock
         self.message_model = MessageModel(message_model)
@@ -145,12 +166,9 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
         self._offsets = OffsetTable()
         self._pull_from = PullSuggestions()
         self._undecodable = UndecodableLog(group, self._clock)
-        self._offset_file: LocalOffsetFile | None = None
-        if self.message_model is MessageModel.BROADCASTING:
-            base = Path(offset_store_dir) if offset_store_dir else Path.home() / ".tidemq_offsets"
-            # Keyed by a name stable across restarts (not the client id, which has the pid).
-            label = instance_name or (instance.instance_name if instance else "DEFAULT")
-            self._offset_file = LocalOffsetFile.for_group(base, label, group)
+        self._offset_file = _broadcast_offset_file(
+            self.message_model, group, offset_store_dir, instance_name or instance
+        )
         self._semaphore = asyncio.Semaphore(consume_concurrency)
         self._executor = ThreadPoolExecutor(
             consume_concurrency, thread_name_prefix=f"tidemq-{group}"

@@ -37,6 +37,11 @@ every Producer and PushConsumer makes its own unless one is passed in. There are
 
 Server-initiated requests: NOTIFY_CONSUMER_IDS_CHANGED (40), the named group's consumers
 rebalance now; CHECK_TRANSACTION_STATE (39), handed to the producer of the message's PGROUP.
+
+With `credentials` (an ACL account's keys), every request the instance sends, to name servers and
+brokers alike, is signed as RocketMQ's AclClientRPCHook signs it (tidemq.security.signing); the
+producers and consumers given the instance share them. A Producer or consumer that makes its own
+instance passes its `credentials` on; one given an `instance` uses that instance's.
 """
 
 from __future__ import annotations
@@ -46,8 +51,8 @@ import contextlib
 import logging
 import os
 import random
-import socket
 from collections.abc import Callable, Coroutine, Iterable, Sequence
+from functools import partial
 from typing import Final, Protocol
 
 from tidemq.clock import Clock, SystemClock
@@ -79,12 +84,15 @@ from tidemq.protocol.record import decode_record
 from tidemq.remoting.client import RemotingClient
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
+from tidemq.security.signing import Credentials, sign
 
+from .endpoints import local_ipv4, parse_namesrv_addr
 from .message import MessageExt
 from .read_route import ReadRouter
 from .rejoin import RejoinRefresh
 from .route_cache import ROUTE_REFRESH_INTERVAL_MS, RouteCache
 from .silent_refresh import SilentBrokerRefresh
+from .tls import TlsOption, client_ssl
 
 logger = logging.getLogger(__name__)
 
@@ -131,30 +139,6 @@ class ConsumerMember(Protocol):
     def trigger_rebalance(self) -> None: ...
 
 
-def local_ipv4() -> str:
-    """This host's outward IPv4 address (no packet is sent), or 127.0.0.1."""
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect(("10.255.255.255", 1))
-        address: str = probe.getsockname()[0]
-    except OSError:
-        address = "127.0.0.1"
-    finally:
-        probe.close()
-    return address
-
-
-def parse_namesrv_addr(namesrv_addr: str | Sequence[str]) -> list[str]:
-    """The name server list from "a:9876;b:9876" (RocketMQ's form), "a,b" or a sequence."""
-    items = [namesrv_addr] if isinstance(namesrv_addr, str) else list(namesrv_addr)
-    addrs = [
-        part.strip() for item in items for part in item.replace(",", ";").split(";") if part.strip()
-    ]
-    if not addrs:
-        raise ValueError("no name server address given")
-    return addrs
-
-
 class ClientInstance:
     def __init__(
         self,
@@ -167,6 +151,8 @@ class ClientInstance:
         route_refresh_interval_ms: float = ROUTE_REFRESH_INTERVAL_MS,
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
         rng: random.Random | None = None,
+        credentials: Credentials | None = None,
+        tls: TlsOption = False,
     ) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.namesrv_addrs = parse_namesrv_addr(namesrv_addr)
@@ -192,7 +178,14 @@ class ClientInstance:
         handlers = HandlerTable()
         handlers.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_notify_ids_changed)
         handlers.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check_transaction)
-        self.remoting = RemotingClient(handlers, clock=self.clock)
+        # With credentials every request this instance sends is signed (ACL); None: unsigned.
+        signer = None if credentials is None else partial(sign, credentials=credentials)
+        self.remoting = RemotingClient(
+            handlers,
+            clock=self.clock,
+            signer=signer,
+            ssl=client_ssl(tls),  # client/tls.py
+        )
         self.reads = ReadRouter(self.routes, self.clock, self.probe_address)
         self._rejoin = RejoinRefresh(self.refresh_routes, self._lists, self._spawn)
         self._silent = SilentBrokerRefresh(self.refresh_routes, self._spawn)

@@ -61,6 +61,7 @@ from tidemq.protocol.headers import (
     CheckTransactionStateRequestHeader,
     send_fields_v2,
 )
+from tidemq.security.signing import Credentials
 
 from .fault import FaultTracker, select_queue
 from .fault_probe import BrokerProber
@@ -84,6 +85,7 @@ from .sending import (
     send_result,
     settle_send,
 )
+from .tls import TlsOption
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +109,8 @@ class Producer(RetryingSends):
         clock: Clock | None = None,
         instance: ClientInstance | None = None,
         instance_name: str | None = None,
+        credentials: Credentials | None = None,
+        tls: TlsOption = False,
         topics: Sequence[str] = (),
     ) -> None:
         pm.validate_group(group)
@@ -114,7 +118,11 @@ class Producer(RetryingSends):
             raise ValueError("send_timeout_ms and max_message_size must be > 0, retry_times >= 0")
         self._group = group
         self._instance = instance or ClientInstance(
-            namesrv_addr, clock=clock, instance_name=instance_name
+            namesrv_addr,
+            clock=clock,
+            instance_name=instance_name,
+            credentials=credentials,
+            tls=tls,
         )
         self._clock = self._instance.clock
         self.send_timeout_ms = send_timeout_ms

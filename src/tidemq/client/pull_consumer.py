@@ -32,6 +32,7 @@ from tidemq.limits import PULL_MESSAGE_COUNT_MAX, PULL_SUSPEND_MS_DEFAULT
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import ConsumerData, MessageQueue
 from tidemq.protocol.headers import PullSysFlag
+from tidemq.security.signing import Credentials
 
 from . import api
 from .instance import ClientInstance
@@ -40,6 +41,7 @@ from .pull_answer import UndecodableLog
 from .read_route import PullSuggestions
 from .route_cache import subscribe_queues
 from .slave_offsets import SlaveOffsets
+from .tls import TlsOption
 
 # As RocketMQ's consumerTimeoutMillisWhenSuspend (blocking pulls) and a plain pull's timeout.
 PULL_TIMEOUT_MS_DEFAULT: Final = 10_000
@@ -57,11 +59,17 @@ class PullConsumer:
         clock: Clock | None = None,
         instance: ClientInstance | None = None,
         instance_name: str | None = None,
+        credentials: Credentials | None = None,
+        tls: TlsOption = False,
     ) -> None:
         pm.validate_group(group)
         self._group = group
         self._instance = instance or ClientInstance(
-            namesrv_addr, clock=clock, instance_name=instance_name
+            namesrv_addr,
+            clock=clock,
+            instance_name=instance_name,
+            credentials=credentials,
+            tls=tls,
         )
         self.pull_timeout_ms = pull_timeout_ms
         self._undecodable = UndecodableLog(group, self._instance.clock)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from tidemq.clock import Clock
+from tidemq.namesrv.access import NamesrvAcl
 from tidemq.namesrv.config import NamesrvConfig
 from tidemq.namesrv.handlers import NamesrvHandlers
 from tidemq.namesrv.housekeeping import BrokerHousekeeping
@@ -26,6 +27,8 @@ class NamesrvApp:
         self.clock = clock
         self.routes = RouteTable()
         self.kv = KVStore(config.kv_config_path)
+        # A bad ACL file raises here (AclFileError): the name server does not start on it.
+        self.acl = NamesrvAcl(config.acl_file) if config.acl_file is not None else None
         self.server = RemotingServer(
             NamesrvHandlers(self.routes, self.kv, clock).table(),
             host,
@@ -34,6 +37,9 @@ class NamesrvApp:
             clock=clock,
             incomplete_frame_bytes_max=config.incomplete_frame_bytes_max,
             frame_completion_timeout_ms=config.frame_completion_timeout_ms,
+            limits=config.limits,
+            request_hook=self.acl.hook if self.acl is not None else None,
+            tls=config.tls,  # a bad certificate or key raises TlsConfigError here
         )
         self.server.add_connection_listener(on_close=self._on_connection_closed)
         self.housekeeping = BrokerHousekeeping(
@@ -53,6 +59,8 @@ class NamesrvApp:
         self.kv.load()
         await self.server.start()
         await self.housekeeping.start()
+        if self.acl is not None:
+            await self.acl.start()
         self._started = True
         logger.info("name server started on port %d", self.port)
 
@@ -60,6 +68,8 @@ class NamesrvApp:
         if not self._started:
             return
         self._started = False
+        if self.acl is not None:
+            await self.acl.stop()
         await self.housekeeping.stop()
         await self.server.stop()
         logger.info("name server stopped")

@@ -6,15 +6,17 @@ kvConfigPath → kv_config_path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidemq.limits import BROKER_EXPIRY_MS, FRAME_SIZE_MAX
+from tidemq.remoting.caps import ConnectionLimits
 from tidemq.remoting.inbound import (
     FRAME_COMPLETION_TIMEOUT_MS,
     INCOMPLETE_FRAME_BYTES_MAX,
     frame_bytes_held_max,
 )
+from tidemq.security.tls import TlsServerSettings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +33,14 @@ class NamesrvConfig:
     # to arrive (remoting/inbound.py): what hostile clients can pin.
     incomplete_frame_bytes_max: int = INCOMPLETE_FRAME_BYTES_MAX
     frame_completion_timeout_ms: int = FRAME_COMPLETION_TIMEOUT_MS
+    # Connections served in all and per remote address (remoting/caps.py; 0: no cap), and each
+    # connection's in-flight bytes bound: `tidemq namesrv --max-connections ...`.
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    # plain_acl.yml (RocketMQ's format): when set, REGISTER_BROKER, UNREGISTER_BROKER and the
+    # other writes need an admin account's signature (namesrv/access.py); None: no ACL.
+    acl_file: Path | None = None
+    # TLS on the port (security/tls.py): disabled, permissive or enforcing; None: plaintext.
+    tls: TlsServerSettings | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port < 65536:

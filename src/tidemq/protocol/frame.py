@@ -20,6 +20,26 @@ extFields values arrive as JSON strings, numbers or booleans depending on the cl
 turns every scalar into its text form ("4", "true") so the typed headers parse one representation.
 Outbound values are always strings, because the C++ client ignores fields that are not.
 
+A header over FRAME_HEADER_SIZE_MAX inside a frame within the frame limit is raised as
+HeaderTooLargeError carrying what the answer needs: FrameDecoder sets it aside (`oversized`) and
+goes on with the next frame, so the connection answers that request with a code and a remark
+instead of closing (remoting/inbound.py). It is decoded no further than that takes, since an
+unsigned peer can send one after another (a 15 MiB binary header of empty fields took 2.4 s to
+walk, a 15 MiB JSON header of 1.3 M keys 0.8 s and 316 MiB):
+
+    binary   the 17-byte fixed part only (code, language, version, opaque, flag); extFields,
+             remark and body are never read
+    JSON     parsed (orjson, in C) up to OVERSIZED_JSON_HEADER_MAX, twice the limit: room for
+             the C++ client's 1 MiB KEYS property, whose answer names the properties' size.
+             Only the fixed fields and a send's properties field are kept; no extFields value
+             is looked at in Python. Over it the frame is malformed (ProtocolError: the
+             connection closes)
+
+Either way the command is not the whole frame (`complete` False): a response's waiter gets a
+stand-in (remoting/inbound.py oversized_response), never a response without its fields.
+
+Only a malformed frame (a bad length, an undecodable header) leaves the stream unusable.
+
 `encode_send_success` encodes a SUCCESS send answer to a JSON request from a template of what
 `encode_parts` writes for `headers_send.send_response_fields`, made at import: the coalescer
 answers every plain send with it; the send handler's other answers (batches, delayed sends) are
@@ -52,6 +72,12 @@ _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
 _I16 = struct.Struct(">h")
 _HEADER_LEN_MASK: Final = 0xFFFFFF
+# The largest JSON header over FRAME_HEADER_SIZE_MAX still parsed to be answered. Parsing costs
+# at most about what an accepted header's decoding does (2 MiB of empty arrays: about 0.1 s).
+OVERSIZED_JSON_HEADER_MAX: Final = 2 * FRAME_HEADER_SIZE_MAX
+# The extFields an oversized JSON request keeps: a send's properties (SEND_MESSAGE's name and
+# SEND_MESSAGE_V2's), which its answer measures.
+OVERSIZED_KEPT_FIELDS: Final = ("properties", "i")
 _INT32_MIN: Final = -(2**31)
 _INT32_MAX: Final = 2**31 - 1
 
@@ -66,6 +92,22 @@ _JSON: Final = SerializeType.JSON
 _JSON_KEYS: Final = operator.itemgetter(
     "code", "opaque", "flag", "version", "extFields", "language"
 )
+
+
+class HeaderTooLargeError(ProtocolError):
+    """A well-formed frame whose header is over FRAME_HEADER_SIZE_MAX: `header_size` its
+    header's bytes; `command` the whole frame (header and body) when `complete`, else only its
+    code, language, version, opaque and flag (and from a JSON header, OVERSIZED_KEPT_FIELDS)."""
+
+    def __init__(
+        self, command: RemotingCommand, header_size: int, *, complete: bool = True
+    ) -> None:
+        super().__init__(
+            f"header of {header_size} bytes exceeds the limit of {FRAME_HEADER_SIZE_MAX} bytes"
+        )
+        self.command = command
+        self.header_size = header_size
+        self.complete = complete
 
 
 @dataclass(slots=True)
@@ -212,7 +254,11 @@ def _field_text(value: Any) -> str | None:
         return value
     if isinstance(value, int | float):
         return str(value)
-    return orjson.dumps(value).decode()
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        # orjson reads 1024 levels of nesting but writes only 254 (found by tests/fuzz).
+        raise ProtocolError("an extFields value is nested too deep") from None
 
 
 def _decode_json_header(data: bytes | bytearray) -> RemotingCommand:
@@ -259,24 +305,7 @@ def _decode_json_object(header: Any) -> RemotingCommand:
     nulls dropped), refused where no peer could mean it."""
     if not isinstance(header, dict):
         raise ProtocolError("header is not a JSON object")
-    try:
-        code = int(header["code"])
-        opaque = int(header.get("opaque", 0))
-        flag = int(header.get("flag", 0))
-        version = int(header.get("version", 0))
-    except (KeyError, TypeError, ValueError, OverflowError) as exc:
-        raise ProtocolError(f"header lacks a valid code/opaque/flag/version: {exc!r}") from None
-    # Every peer keeps these in 32-bit ints; a larger value could not be echoed in a response.
-    if not (
-        _INT32_MIN <= code <= _INT32_MAX
-        and _INT32_MIN <= opaque <= _INT32_MAX
-        and _INT32_MIN <= flag <= _INT32_MAX
-        and _INT32_MIN <= version <= _INT32_MAX
-    ):
-        raise ProtocolError(
-            f"header field out of 32-bit range: code={code} opaque={opaque} flag={flag} "
-            f"version={version}"
-        )
+    code, opaque, flag, version = _json_ints(header)
     raw_fields = header.get("extFields") or {}
     if not isinstance(raw_fields, dict):
         raise ProtocolError("extFields is not a JSON object")
@@ -301,6 +330,33 @@ def _decode_json_object(header: Any) -> RemotingCommand:
         version=version,
         serialize_type=SerializeType.JSON,
     )
+
+
+def _json_ints(header: dict[str, Any]) -> tuple[int, int, int, int]:
+    """code, opaque, flag and version of a JSON header, lenient where Java is (numbers as text).
+
+    Raises:
+        ProtocolError: code missing, or any of them not a 32-bit integer.
+    """
+    try:
+        code = int(header["code"])
+        opaque = int(header.get("opaque", 0))
+        flag = int(header.get("flag", 0))
+        version = int(header.get("version", 0))
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"header lacks a valid code/opaque/flag/version: {exc!r}") from None
+    # Every peer keeps these in 32-bit ints; a larger value could not be echoed in a response.
+    if not (
+        _INT32_MIN <= code <= _INT32_MAX
+        and _INT32_MIN <= opaque <= _INT32_MAX
+        and _INT32_MIN <= flag <= _INT32_MAX
+        and _INT32_MIN <= version <= _INT32_MAX
+    ):
+        raise ProtocolError(
+            f"header field out of 32-bit range: code={code} opaque={opaque} flag={flag} "
+            f"version={version}"
+        )
+    return code, opaque, flag, version
 
 
 def _decode_binary_header(data: bytes) -> RemotingCommand:
@@ -332,20 +388,70 @@ def _decode_binary_header(data: bytes) -> RemotingCommand:
                 ext_fields[key] = value
     except (struct.error, UnicodeDecodeError) as exc:
         raise ProtocolError(f"binary header: {exc}") from None
-    try:
-        language_name = LanguageCode(language).name
-    except ValueError:
-        language_name = "OTHER"
     return RemotingCommand(
         code=code,
         opaque=opaque,
         flag=flag,
         ext_fields=ext_fields,
         remark=remark,
-        language=language_name,
+        language=_language_name(language),
         version=version,
         serialize_type=SerializeType.ROCKETMQ,
     )
+
+
+def _language_name(language: int) -> str:
+    try:
+        return LanguageCode(language).name
+    except ValueError:
+        return "OTHER"
+
+
+def _oversized(
+    source: bytes | bytearray, start: int, serialize_type: int, header_len: int
+) -> HeaderTooLargeError:
+    """The refusal of the frame at source[start:], whose header of `header_len` bytes is over
+    FRAME_HEADER_SIZE_MAX, decoded no further than its answer needs (module docstring).
+
+    Raises:
+        ProtocolError: a JSON header over OVERSIZED_JSON_HEADER_MAX, or an unknown type.
+    """
+    header_start = start + 4
+    if serialize_type == SerializeType.ROCKETMQ:
+        # header_len > FRAME_HEADER_SIZE_MAX: the fixed part is there.
+        code, language, version, opaque, flag, _ = _BINARY_FIXED.unpack_from(source, header_start)
+        command = RemotingCommand(
+            code, opaque, flag, {}, b"", None, _language_name(language), version,
+            SerializeType.ROCKETMQ,
+        )  # fmt: skip
+        return HeaderTooLargeError(command, header_len, complete=False)
+    if serialize_type != SerializeType.JSON:
+        raise ProtocolError(f"unknown serialisation type {serialize_type}")
+    if header_len > OVERSIZED_JSON_HEADER_MAX:
+        raise ProtocolError(
+            f"JSON header of {header_len} bytes is over {OVERSIZED_JSON_HEADER_MAX} bytes "
+            f"(the limit is {FRAME_HEADER_SIZE_MAX})"
+        )
+    try:
+        header = orjson.loads(source[header_start : header_start + header_len])
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header is not a JSON object")
+    code, opaque, flag, version = _json_ints(header)
+    raw_fields = header.get("extFields")
+    kept: dict[str, str] = {}
+    if isinstance(raw_fields, dict):
+        for name in OVERSIZED_KEPT_FIELDS:
+            value = raw_fields.get(name)
+            if isinstance(value, str):
+                kept[name] = value
+    language = header.get("language")
+    command = RemotingCommand(
+        code, opaque, flag, kept, b"", None,
+        language if isinstance(language, str) else "OTHER", version, _JSON,
+    )  # fmt: skip
+    return HeaderTooLargeError(command, header_len, complete=False)
 
 
 def decode_frame(frame: bytes) -> RemotingCommand:
@@ -365,7 +471,7 @@ def _decode_frame_at(source: bytes | bytearray, start: int, end: int) -> Remotin
     if header_len > size - 4:
         raise ProtocolError(f"header length {header_len} exceeds frame length {size}")
     if header_len > FRAME_HEADER_SIZE_MAX:
-        raise ProtocolError(f"header length {header_len} exceeds {FRAME_HEADER_SIZE_MAX}")
+        raise _oversized(source, start, serialize_type, header_len)
     body_start = start + 4 + header_len
     if serialize_type == SerializeType.JSON:
         # orjson reads a bytearray slice as well as bytes: no second copy of the header.
@@ -383,14 +489,17 @@ class FrameDecoder:
     """Incremental decoder: `feed(data)` returns the frames completed so far and keeps the rest.
 
     Raises ProtocolError for a length below the minimum or above `frame_size_max`; after an error
-    the decoder's state is undefined and the connection must be closed.
+    the decoder's state is undefined and the connection must be closed. A frame whose header is
+    over FRAME_HEADER_SIZE_MAX is not among the commands returned: it is appended to `oversized`
+    (the caller answers and clears it) and decoding goes on.
     """
 
-    __slots__ = ("_buffer", "_frame_size_max")
+    __slots__ = ("_buffer", "_frame_size_max", "oversized")
 
     def __init__(self, frame_size_max: int = FRAME_SIZE_MAX) -> None:
         self._buffer = bytearray()
         self._frame_size_max = frame_size_max
+        self.oversized: list[HeaderTooLargeError] = []
 
     @property
     def buffered(self) -> int:
@@ -419,7 +528,10 @@ class FrameDecoder:
             end = position + 4 + total
             if end > available:
                 break
-            commands.append(_decode_frame_at(source, position + 4, end))
+            try:
+                commands.append(_decode_frame_at(source, position + 4, end))
+            except HeaderTooLargeError as exc:
+                self.oversized.append(exc)
             position = end
         if source is buffer:
             if position:

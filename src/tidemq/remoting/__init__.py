@@ -12,6 +12,7 @@ from tidemq.remoting.connection import (
     IN_FLIGHT_MAX,
     TURN_BUDGET,
     Connection,
+    Signer,
 )
 from tidemq.remoting.handlers import Handler, HandlerTable, RequestHook
 from tidemq.remoting.loop import install_uvloop
@@ -26,6 +27,7 @@ __all__ = [
     "RemotingClient",
     "RemotingServer",
     "RequestHook",
+    "Signer",
     "install_uvloop",
     "normalise_host",
     "parse_address",

@@ -4,12 +4,21 @@ RocketMQ clients keep a single socket per broker and per name server and multipl
 over it; so does this pool. Concurrent first calls to an address share one connect attempt. The
 client's own HandlerTable serves requests the server sends over these connections
 (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED, GET_CONSUMER_RUNNING_INFO).
+
+With a `signer` (tidemq.security.signing.sign bound to an account's Credentials), every request
+sent over the pool's connections is signed as it leaves; the answers we give the server are not.
+
+With `ssl` (an ssl.SSLContext, security/tls.py's client_context) every connection is TLS; the
+server's certificate is checked against the host of the address dialled (an IP address needs an
+IP subjectAltName) unless `server_hostname` names the host to check instead. A handshake that
+fails (an untrusted certificate, a server without TLS) is a ConnectFailedError saying why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl as ssl_module
 from typing import Final
 
 from tidemq.clock import Clock, SystemClock
@@ -17,7 +26,7 @@ from tidemq.errors import ClientClosedError, ConnectFailedError, ConnectionClose
 from tidemq.limits import FRAME_SIZE_MAX
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.remoting.address import parse_address
-from tidemq.remoting.connection import Connection
+from tidemq.remoting.connection import Connection, Signer
 from tidemq.remoting.handlers import HandlerTable
 
 logger = logging.getLogger(__name__)
@@ -36,8 +45,15 @@ class RemotingClient:
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
         frame_size_max: int = FRAME_SIZE_MAX,
         clock: Clock | None = None,
+        signer: Signer | None = None,
+        ssl: ssl_module.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> None:
         self._handlers = handlers if handlers is not None else HandlerTable()
+        self._ssl = ssl
+        self._server_hostname = server_hostname
+        # Applied to every request our connections send (the ACL signature); not to answers.
+        self._signer = signer
         self._connect_timeout_ms = connect_timeout_ms
         self._frame_size_max = frame_size_max
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -119,17 +135,38 @@ class RemotingClient:
             raise ConnectionClosedError(str(exc)) from None
         loop = asyncio.get_running_loop()
         connection = Connection(
-            self._handlers, clock=self._clock, frame_size_max=self._frame_size_max
+            self._handlers,
+            clock=self._clock,
+            frame_size_max=self._frame_size_max,
+            signer=self._signer,
         )
         try:
             async with asyncio.timeout(self._connect_timeout_ms / 1000):
-                await loop.create_connection(lambda: connection, host, port)
+                if self._ssl is None:
+                    await loop.create_connection(lambda: connection, host, port)
+                else:
+                    await loop.create_connection(
+                        lambda: connection,
+                        host,
+                        port,
+                        ssl=self._ssl,
+                        server_hostname=self._server_hostname or host,
+                        ssl_handshake_timeout=self._connect_timeout_ms / 1000,
+                    )
         except TimeoutError:
             raise ConnectFailedError(
                 f"connect to {addr} timed out after {self._connect_timeout_ms} ms"
             ) from None
+        except ssl_module.SSLCertVerificationError as exc:
+            raise ConnectFailedError(
+                f"TLS connect to {addr} failed: the server's certificate did not verify: "
+                f"{exc.verify_message or exc}"
+            ) from None
+        except ssl_module.SSLError as exc:
+            raise ConnectFailedError(f"TLS connect to {addr} failed: {exc}") from None
         except OSError as exc:
-            raise ConnectFailedError(f"connect to {addr} failed: {exc}") from None
+            tls = "TLS " if self._ssl is not None else ""
+            raise ConnectFailedError(f"{tls}connect to {addr} failed: {exc}") from None
         if self._closed:
             connection.close()
             raise ClientClosedError("remoting client is closed")

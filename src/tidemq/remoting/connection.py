@@ -17,6 +17,11 @@ buffered and flushed is the base class's part: FlowControl (turns.py).
 `start_request` registers and writes a request without a coroutine or a timer, for pipelining
 callers that keep their own deadlines (the producer's send_nowait; `abandon` drops one).
 
+A connection made with a `signer` (a client's with credentials, RemotingClient(signer=...)) passes
+every request it sends, through `start_request` or `oneway`, to it just before the write: the ACL
+signature covers the fields as they leave. Answers are never signed, and a connection without a
+signer pays one `is not None` test per request.
+
 A handler may answer later without a task: it calls `defer(request)` and returns None, and later
 `respond(request, response)` from any callback (the broker stores the single sends of one loop
 turn together and answers each, broker/handlers/send_coalesce.py). A deferred request still counts
@@ -24,6 +29,11 @@ in flight; the request hook has run for it like for any other.
 
 Inbound bytes are decoded by InboundFrames (inbound.py): a malformed or oversized frame closes
 only this connection, and a server bounds what incomplete frames hold across its connections.
+A request whose header alone is over its limit is answered (inbound.oversized_answer), never
+served, and the connection stays. A server connection bounds the body bytes of the requests it
+has in flight (`in_flight_bytes_max`, IN_FLIGHT_BYTES_MAX by default) by reading no more until
+they drop (turns.py); with `send_wait_ms_max` a send that waited that long in the backlog is
+answered SYSTEM_BUSY (turns.py).
 A handler's ProtocolError is the peer's fault: SYSTEM_ERROR naming it, and one log line
 (rate-limited per connection, log_limit.py), never a traceback. When the connection closes, pending
 requests fail with ConnectionClosedError at once; handler tasks still running are left to finish
@@ -41,25 +51,40 @@ from typing import Final, cast
 
 from tidemq.clock import Clock
 from tidemq.errors import ConnectionClosedError, ProtocolError
+from tidemq.limits import MIB
 from tidemq.protocol.codes import ResponseCode
 from tidemq.protocol.frame import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand, encode_parts
 from tidemq.remoting.address import socket_address
 from tidemq.remoting.eager import resume
 from tidemq.remoting.handlers import HandlerTable, RequestHook, ResponseWaiter
-from tidemq.remoting.inbound import FrameBudget, InboundFrames
+from tidemq.remoting.inbound import (
+    FrameBudget,
+    InboundFrames,
+    oversized_answer,
+    oversized_response,
+)
 from tidemq.remoting.log_limit import LogLimit, clip_peer_text
 from tidemq.remoting.pending import PendingRequests
 from tidemq.remoting.turns import TURN_BUDGET, FlowControl
+from tidemq.security.tls import subject_text
 
-__all__ = ["IN_FLIGHT_MAX", "TURN_BUDGET", "Connection"]
+__all__ = ["IN_FLIGHT_BYTES_MAX", "IN_FLIGHT_MAX", "TURN_BUDGET", "Connection", "Signer"]
 
 logger = logging.getLogger(__name__)
 
 # Requests one connection may have running at once; a client needs far fewer (held pulls are one
 # per queue), so reaching this means a runaway peer. Beyond it: SYSTEM_BUSY.
 IN_FLIGHT_MAX: Final = 4096
+# Body bytes of the requests one server connection has in flight before it reads no more of its
+# requests (maxInFlightBytesPerConnection): four maximal frames, or 16 maximal messages being
+# stored or awaiting their flush; a pipelining producer of 1 KiB messages has 64k of them in
+# flight before it waits. Bounds what one peer makes us hold to this plus one frame.
+IN_FLIGHT_BYTES_MAX: Final = 64 * MIB
 
 ConnectionCallback = Callable[["Connection"], None]
+# Adds to an outbound request what the peer checks before serving it (the ACL signature,
+# tidemq.security.signing.sign): applied to our requests only, never to answers.
+Signer = Callable[[RemotingCommand], None]
 
 
 class Connection(FlowControl):
@@ -73,6 +98,9 @@ class Connection(FlowControl):
         peer: the remote (host, port), host as IPv4 text where possible.
         local: the local (host, port).
         attributes: per-connection state owned by upper layers (client id, ACL identity, ...).
+        tls: the connection is TLS (security/tls.py; a permissive port serves both kinds).
+        peer_cert_subject: the subject of the peer's verified certificate ("CN=...,O=..."),
+            None without TLS or without a client certificate (mutual TLS).
     """
 
     __slots__ = (
@@ -89,10 +117,13 @@ class Connection(FlowControl):
         "_peer_errors",
         "_pending",
         "_request_hook",
+        "_signer",
         "_tasks",
         "attributes",
         "local",
         "peer",
+        "peer_cert_subject",
+        "tls",
     )
 
     def __init__(
@@ -108,8 +139,17 @@ class Connection(FlowControl):
         turn_budget: int | None = TURN_BUDGET,
         on_open: ConnectionCallback | None = None,
         on_close: ConnectionCallback | None = None,
+        signer: Signer | None = None,
+        in_flight_bytes_max: int | None = None,
+        send_wait_ms_max: float | None = None,
     ) -> None:
-        super().__init__(read_while_blocked=read_while_blocked, turn_budget=turn_budget)
+        super().__init__(
+            read_while_blocked=read_while_blocked,
+            turn_budget=turn_budget,
+            in_flight_bytes_max=in_flight_bytes_max,
+            send_wait_ms_max=send_wait_ms_max,
+        )
+        self._signer = signer
         self._handlers = handlers
         self._on_open = on_open
         self._on_close = on_close
@@ -129,6 +169,8 @@ class Connection(FlowControl):
         self.attributes: dict[str, object] = {}
         self.peer: tuple[str, int] = ("", 0)
         self.local: tuple[str, int] = ("", 0)
+        self.tls = False
+        self.peer_cert_subject: str | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -190,6 +232,8 @@ class Connection(FlowControl):
         opaque = self._pending.allocate()
         cmd.opaque = opaque
         cmd.flag &= ~FLAG_RESPONSE
+        if self._signer is not None:
+            self._signer(cmd)
         self._write(cmd)
         self._pending.add(opaque, waiter)
         return opaque
@@ -208,20 +252,24 @@ class Connection(FlowControl):
             raise ConnectionClosedError(f"connection to {self.peer_text} is closed")
         cmd.opaque = self._pending.allocate()
         cmd.flag = (cmd.flag & ~FLAG_RESPONSE) | FLAG_ONEWAY
+        if self._signer is not None:
+            self._signer(cmd)
         self._write(cmd)
         if self._paused:
             await self._drain()
 
     def defer(self, request: RemotingCommand) -> None:
         """Called by a handler that returns None and answers `request` later with `respond`:
-        the request stays counted in flight until then."""
+        the request stays counted in flight (and its body in the in-flight bytes) until then."""
         self._in_flight += 1
+        self._in_flight_bytes += len(request.body)
 
     def respond(self, request: RemotingCommand, response: RemotingCommand) -> None:
         """Answer a deferred `request` now, without awaiting: the frame leaves with this loop
         iteration's other writes. Nothing is sent for a oneway request or on a closed connection.
         """
         self._in_flight -= 1
+        self._release_bytes(len(request.body))
         if not request.flag & FLAG_ONEWAY:
             self._write_answer(request, response)
 
@@ -229,6 +277,10 @@ class Connection(FlowControl):
         """`respond` with the whole response frame encoded by the caller (from a template: the
         caller answers in the request's serialisation type, with its opaque)."""
         self._in_flight -= 1
+        # _release_bytes, inlined: every coalesced send is answered here.
+        self._in_flight_bytes -= len(request.body)
+        if self._backlog:
+            self._schedule_drain()
         if request.flag & FLAG_ONEWAY or self._closed or self._transport is None:
             return
         # Activity is not stamped again: the read that brought the request just did.
@@ -326,6 +378,9 @@ class Connection(FlowControl):
         self._transport = cast(asyncio.Transport, transport)
         self.peer = socket_address(transport.get_extra_info("peername"))
         self.local = socket_address(transport.get_extra_info("sockname"))
+        if transport.get_extra_info("ssl_object") is not None:
+            self.tls = self._join_writes = True
+            self.peer_cert_subject = subject_text(transport.get_extra_info("peercert"))
         self._inbound.name = self.peer_text
         self._last_activity_ms = self._clock.monotonic_ms()
         if self._on_open is not None:
@@ -358,12 +413,40 @@ class Connection(FlowControl):
         try:
             commands = self._inbound.feed(data)
         except ProtocolError as exc:
-            logger.warning("closing connection from %s: %s", self.peer_text, exc)
+            self._inbound.log_malformed(self.peer_text, exc)
             self.abort()
             return
         if self._transport is None or self._transport.is_closing():
             return  # evicted by the frame budget in this read (inbound.py)
+        if self._inbound.oversized:
+            self._refuse_oversized()
         self._admit(commands)
+
+    def _refuse_oversized(self) -> None:
+        """Answer the requests of this read whose header is over its limit (responses go to
+        their waiters, as inbound.oversized_response: the peer may answer what we asked at
+        length, but the decoder keeps only the fixed part of such a header)."""
+        oversized = self._inbound.oversized
+        for refused in oversized:
+            cmd = refused.command
+            if cmd.flag & FLAG_RESPONSE:
+                self._on_response(oversized_response(refused))
+                continue
+            code, remark = oversized_answer(refused)
+            self.log_peer_error(
+                "code %d from %s refused with %d: %s", cmd.code, self.peer_text, code, remark
+            )
+            if not cmd.flag & FLAG_ONEWAY:
+                self._write(cmd.response(code, remark=remark))
+        oversized.clear()
+
+    def _refuse_busy(self, refused: list[RemotingCommand], remark: str) -> None:
+        self.log_peer_error(
+            "%d sends from %s answered SYSTEM_BUSY: %s", len(refused), self.peer_text, remark
+        )
+        for cmd in refused:
+            if not cmd.flag & FLAG_ONEWAY:
+                self._write(cmd.response(ResponseCode.SYSTEM_BUSY, remark=remark))
 
     def _on_response(self, cmd: RemotingCommand) -> None:
         self._pending.answer(cmd, self.peer_text)
@@ -389,6 +472,12 @@ class Connection(FlowControl):
         task = self._loop.create_task(resume(coroutine, awaited))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        size = len(cmd.body)
+        if size:
+            # Only a handler that suspends holds its body past this call (a deferred request is
+            # counted by `defer`): the common, synchronous path pays nothing for the bound.
+            self._in_flight_bytes += size
+            task.add_done_callback(lambda _: self._release_bytes(size))
 
     async def _serve(self, cmd: RemotingCommand) -> None:
         # One coroutine for hook, handler and answer: under pipelining every request passes
@@ -396,7 +485,7 @@ class Connection(FlowControl):
         try:
             response = None
             if self._request_hook is not None:
-                response = await self._request_hook(self, cmd)
+                response = self._request_hook(self, cmd)
             if response is None:
                 handler = self._handlers.get(cmd.code)
                 if handler is None:

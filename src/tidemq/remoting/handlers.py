@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 # called `connection.defer(request)` and answers later with `respond` / `respond_frame`.
 Handler: TypeAlias = "Callable[[Connection, RemotingCommand], Awaitable[RemotingCommand | None]]"
 # Runs before dispatch; a non-None result is sent instead of calling the handler (ACL, flow
-# control). The same shape as a handler.
-RequestHook: TypeAlias = Handler
+# control). A plain function, not a coroutine: it runs for every request a server reads, and
+# a coroutine there would cost its frame and its StopIteration each time.
+RequestHook: TypeAlias = "Callable[[Connection, RemotingCommand], RemotingCommand | None]"
 
 
 class ResponseWaiter(Protocol):

@@ -18,17 +18,39 @@ budget from everyone else. The completion deadline is checked by the server's sw
 Frames that arrive whole are decoded straight from the read and never held; only a partial tail
 is charged. A malformed or oversized frame raises ProtocolError from `feed`: the decoder cannot
 resynchronise a byte stream, so the connection closes (the peer is broken or hostile).
+
+A well-formed frame whose header alone is over FRAME_HEADER_SIZE_MAX is a request to refuse, not
+a broken stream: the decoder sets it aside (`oversized`) and the connection answers it with
+`oversized_answer`'s code and remark (a send: MESSAGE_ILLEGAL naming its properties' size and
+their limit, as upstream answers properties over 32767 bytes; anything else: SYSTEM_ERROR naming
+the header's size and limit). The C++ client puts a message's keys and tags in its send header,
+so a 1 MiB KEYS property used to close the connection ("No route info" in that client). The
+decoder reads no more of such a header than that answer needs (protocol/frame.py: a binary
+header's fixed part, a JSON header's fixed fields and properties, a JSON header over twice the
+limit not at all: that closes), so a peer gets no costly decoding out of it; an oversized
+response reaches its waiter as `oversized_response`'s SYSTEM_ERROR.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Final
 
 from tidemq.clock import Clock
-from tidemq.limits import FRAME_SIZE_MAX, MIB
-from tidemq.protocol.frame import FrameDecoder, RemotingCommand
-from tidemq.remoting.log_limit import LogLimit
+from tidemq.errors import ProtocolError
+from tidemq.limits import FRAME_HEADER_SIZE_MAX, FRAME_SIZE_MAX, MESSAGE_PROPERTIES_SIZE_MAX, MIB
+from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.frame import (
+    FLAG_RESPONSE,
+    OVERSIZED_KEPT_FIELDS,
+    FrameDecoder,
+    HeaderTooLargeError,
+    RemotingCommand,
+)
+from tidemq.remoting.log_limit import LogLimit, clip_peer_text
+
+logger = logging.getLogger(__name__)
 
 # Bytes of incomplete frames one server holds across all its connections: eight maximal frames
 # (or 32 maximal messages) in progress at once, far above what honest clients keep partly sent,
@@ -46,6 +68,51 @@ def frame_bytes_held_max(frame_size_max: int) -> int:
 
 
 assert frame_bytes_held_max(FRAME_SIZE_MAX) <= INCOMPLETE_FRAME_BYTES_MAX
+
+# The requests that carry a message: a header over its limit there is the message's properties
+# (keys, tags, user properties) over theirs.
+SEND_CODES: Final = frozenset(
+    {RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE}
+)
+# Where a send header keeps the properties: SEND_MESSAGE's name, SEND_MESSAGE_V2's short one
+# (the fields the decoder keeps of an oversized header).
+_PROPERTIES_FIELDS: Final = OVERSIZED_KEPT_FIELDS
+
+
+def oversized_answer(refused: HeaderTooLargeError) -> tuple[int, str]:
+    """The code and remark of a request whose header is over FRAME_HEADER_SIZE_MAX."""
+    command = refused.command
+    header = f"the request header of {refused.header_size} bytes exceeds the limit of "
+    header += f"{FRAME_HEADER_SIZE_MAX} bytes"
+    if command.code not in SEND_CODES:
+        return ResponseCode.SYSTEM_ERROR, header
+    fields = command.ext_fields
+    properties = next((fields[k] for k in _PROPERTIES_FIELDS if k in fields), "")
+    size = len(properties.encode(errors="replace"))
+    if size <= MESSAGE_PROPERTIES_SIZE_MAX:  # another field made it (a huge topic, say)
+        return ResponseCode.MESSAGE_ILLEGAL, header
+    return ResponseCode.MESSAGE_ILLEGAL, (
+        f"the message properties (keys, tags and user properties) of {size} bytes exceed the "
+        f"limit of {MESSAGE_PROPERTIES_SIZE_MAX} bytes ({header})"
+    )
+
+
+def oversized_response(refused: HeaderTooLargeError) -> RemotingCommand:
+    """What the waiter of a response whose header is over FRAME_HEADER_SIZE_MAX gets: the
+    response when it was decoded whole, else a SYSTEM_ERROR saying why (never a response
+    stripped of its fields)."""
+    command = refused.command
+    if refused.complete:
+        return command
+    return RemotingCommand(
+        code=ResponseCode.SYSTEM_ERROR,
+        opaque=command.opaque,
+        flag=FLAG_RESPONSE,
+        remark=f"the response header of {refused.header_size} bytes exceeds the limit of "
+        f"{FRAME_HEADER_SIZE_MAX} bytes",
+        serialize_type=command.serialize_type,
+    )
+
 
 EvictCallback = Callable[[], None]
 
@@ -67,6 +134,7 @@ class InboundFrames:
         "_on_evict",
         "incomplete_since_ms",
         "name",
+        "oversized",
     )
 
     def __init__(
@@ -83,8 +151,21 @@ class InboundFrames:
         self._budget = budget
         self._on_evict = on_evict
         self._decoder = FrameDecoder(frame_size_max)
+        # The decoder's frames whose header is over its limit, to answer and clear (an attribute,
+        # not a property: the connection looks at it after every read).
+        self.oversized: list[HeaderTooLargeError] = self._decoder.oversized
         self.incomplete_since_ms: float | None = None
         self.name = ""
+
+    def log_malformed(self, peer: str, error: ProtocolError) -> None:
+        """One warning for a connection closed over a malformed frame: through the server's
+        shared rate limit when there is one (any peer can open connections and send garbage),
+        with the error's text only (a record that kept the exception would keep its frames)."""
+        text = clip_peer_text(error)
+        if self._budget is not None:
+            self._budget.log.warning("closing connection from %s: %s", peer, text)
+        else:
+            logger.warning("closing connection from %s: %s", peer, text)
 
     def feed(self, data: bytes) -> list[RemotingCommand]:
         """Decode what `data` completes; hold the rest, charged to the budget (which may close
@@ -110,6 +191,7 @@ class InboundFrames:
         """Drop what is held (the connection is closing); the decoder starts afresh."""
         if self._decoder.buffered:
             self._decoder = FrameDecoder(self._frame_size_max)
+            self.oversized = self._decoder.oversized
         self.incomplete_since_ms = None
         if self._budget is not None:
             self._budget.hold(self, 0)
@@ -129,7 +211,7 @@ class FrameBudget:
     sum is at most `bytes_max` again.
     """
 
-    __slots__ = ("_held", "_log", "buffered_bytes", "buffered_bytes_peak", "bytes_max", "evictions")
+    __slots__ = ("_held", "buffered_bytes", "buffered_bytes_peak", "bytes_max", "evictions", "log")
 
     def __init__(self, bytes_max: int, log: LogLimit) -> None:
         assert bytes_max > 0
@@ -138,7 +220,7 @@ class FrameBudget:
         # The most held at once after evictions (for tests and operators): never over bytes_max.
         self.buffered_bytes_peak = 0
         self.evictions = 0
-        self._log = log
+        self.log = log  # rate-limits what peers make us log about frames
         # Insertion order is charge order (`hold` re-inserts on every read), so among equal
         # holders the one that read last is the last.
         self._held: dict[InboundFrames, int] = {}
@@ -160,7 +242,7 @@ class FrameBudget:
     def _evict_largest(self) -> None:
         victim = max(reversed(self._held), key=self._held.__getitem__)
         held = self._held[victim]
-        self._log.warning(
+        self.log.warning(
             "closing %s: incomplete frames hold %d bytes across connections, over the bound of "
             "%d bytes; it held the most, %d",
             victim.name,

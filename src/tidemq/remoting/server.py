@@ -7,7 +7,13 @@ does after 120 s; clients heartbeat every 30 s, so only dead peers are reaped. T
 closes a connection whose frame has not completed within `frame_completion_timeout_ms`, and one
 FrameBudget bounds the bytes incomplete frames hold across all connections (inbound.py).
 Accepting is ours too (acceptor.py), so running out of descriptors is logged and survived alike
-on asyncio's loop and uvloop.
+on asyncio's loop and uvloop. `limits` (caps.py) caps the connections served, in all and per
+remote address (one over a cap is closed at once), and gives each connection its in-flight bytes
+bound and its send-queue wait (turns.py).
+
+With `tls` (security/tls.py) every port speaks TLS (enforcing) or TLS and plaintext by the first
+byte (permissive); the context is built in the constructor, so a bad certificate or key fails
+the start with the setting's name. A connection's `tls` and `peer_cert_subject` say how it came.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from typing import Final
 
 from tidemq.clock import Clock, SystemClock
 from tidemq.limits import FRAME_SIZE_MAX
-from tidemq.remoting.acceptor import Acceptor, listen
+from tidemq.remoting.acceptor import Acceptor, AcceptTls, accept_tls, listen
+from tidemq.remoting.caps import ConnectionCaps, ConnectionLimits
 from tidemq.remoting.connection import TURN_BUDGET, Connection
 from tidemq.remoting.handlers import HandlerTable, RequestHook
 from tidemq.remoting.inbound import (
@@ -30,6 +37,7 @@ from tidemq.remoting.inbound import (
     frame_bytes_held_max,
 )
 from tidemq.remoting.log_limit import LogLimit
+from tidemq.security.tls import TlsServerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +46,9 @@ IDLE_TIMEOUT_MS_DEFAULT: Final = 120_000
 # The sweep runs this many times per idle period (or frame completion timeout, if shorter), so a
 # connection is closed at most a quarter period late.
 _SWEEPS_PER_TIMEOUT: Final = 4
+# How long `stop` lets its connections close cleanly (flush, TLS close_notify) before dropping
+# the rest.
+STOP_GRACE_MS: Final = 1_000
 
 ConnectionListener = Callable[[Connection], None]
 
@@ -65,6 +76,8 @@ class RemotingServer:
         turn_budget: int | None = TURN_BUDGET,
         incomplete_frame_bytes_max: int = INCOMPLETE_FRAME_BYTES_MAX,
         frame_completion_timeout_ms: int = FRAME_COMPLETION_TIMEOUT_MS,
+        tls: TlsServerSettings | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         assert idle_timeout_ms > 0
         assert frame_completion_timeout_ms > 0
@@ -85,6 +98,9 @@ class RemotingServer:
         # One limit per kind of trouble, so a storm of one kind does not hide the others.
         self._timeout_log = LogLimit(logger, self._clock)
         self._accept_log = LogLimit(logger, self._clock)
+        self._limits = limits if limits is not None else ConnectionLimits()
+        self.caps = ConnectionCaps(self._limits, LogLimit(logger, self._clock), name=name)
+        self._tls = accept_tls(tls, LogLimit(logger, self._clock))
         self._acceptors: list[Acceptor] = []
         self._ports: list[int] = []
         self._connections: set[Connection] = set()
@@ -104,8 +120,18 @@ class RemotingServer:
         return self._ports[0]
 
     @property
+    def handlers(self) -> HandlerTable:
+        """The table served: `handlers.codes()` are the request codes a peer may send."""
+        return self._handlers
+
+    @property
     def connections(self) -> set[Connection]:
         return set(self._connections)
+
+    @property
+    def pending_connections(self) -> int:
+        """Accepted connections not yet served: sniffed or in their TLS handshake."""
+        return sum(acceptor.pending for acceptor in self._acceptors)
 
     def add_connection_listener(
         self,
@@ -132,6 +158,9 @@ class RemotingServer:
                     self._new_protocol,
                     name=self.name,
                     log=self._accept_log,
+                    tls=self._tls,
+                    per_address_max=self._limits.connections_per_address_max,
+                    served_from=self.caps.from_address,
                 )
                 self._acceptors.append(acceptor)
                 self._ports.append(acceptor.port)
@@ -142,10 +171,17 @@ class RemotingServer:
             acceptor.start()
         loop = asyncio.get_running_loop()
         self._idle_task = loop.create_task(self._sweep(), name=f"{self.name}-sweep")
-        logger.info("%s listening on %s ports %s", self.name, self._host, self._ports)
+        logger.info(
+            "%s listening on %s ports %s%s",
+            self.name,
+            self._host,
+            self._ports,
+            _tls_words(self._tls),
+        )
 
     async def stop(self) -> None:
-        """Stop accepting, close every connection and cancel the handlers still running."""
+        """Stop accepting, close every connection and cancel the handlers still running.
+        Connections not closed STOP_GRACE_MS after (a peer that never reads) are dropped."""
         if self._idle_task is not None:
             self._idle_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -155,8 +191,17 @@ class RemotingServer:
         connections = list(self._connections)
         for connection in connections:
             connection.close()
+        if connections:
+            # A peer that never reads holds a close (queued writes, TLS close_notify): drop
+            # what has not closed after a short grace.
+            closing = asyncio.gather(*(connection.wait_closed() for connection in connections))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(closing), STOP_GRACE_MS / 1000)
+            for connection in connections:
+                if not connection.closed:
+                    connection.abort()
+            await closing
         for connection in connections:
-            await connection.wait_closed()
             await connection.cancel_tasks()
         if connections or self._ports:
             logger.info("%s stopped", self.name)
@@ -177,9 +222,14 @@ class RemotingServer:
             turn_budget=self._turn_budget,
             on_open=self._on_open,
             on_close=self._on_close,
+            in_flight_bytes_max=self._limits.in_flight_bytes_max or None,
+            send_wait_ms_max=self._limits.send_wait_ms_max,
         )
 
     def _on_open(self, connection: Connection) -> None:
+        if not self.caps.admit(connection):
+            connection.abort()  # never served: _on_close ignores it
+            return
         self._connections.add(connection)
         logger.debug("%s: connection from %s", self.name, connection.peer_text)
         for listener in self._open_listeners:
@@ -189,7 +239,10 @@ class RemotingServer:
                 logger.exception("%s: connection-open listener failed", self.name)
 
     def _on_close(self, connection: Connection) -> None:
+        if connection not in self._connections:
+            return  # refused by a cap in _on_open
         self._connections.discard(connection)
+        self.caps.release(connection)
         logger.debug("%s: connection from %s closed", self.name, connection.peer_text)
         for listener in self._close_listeners:
             try:
@@ -229,3 +282,9 @@ class RemotingServer:
                 now_ms - connection.last_activity_ms,
             )
             connection.close()
+
+
+def _tls_words(tls: AcceptTls | None) -> str:
+    if tls is None:
+        return ""
+    return " (TLS and plaintext)" if tls.permissive else " (TLS only)"

@@ -7,7 +7,8 @@
 
 Needs the `[spark]` extra (pyspark>=4.2,<5 and pyarrow) on the driver and the executors; the
 data source is imported on first use, so the pure modules (options, offsets) load without it.
-The package imports only `tidemq.client` and `tidemq.protocol` (import-linter checks it).
+The package imports only `tidemq.client`, `tidemq.protocol` and the TLS settings of
+`tidemq.security` (import-linter checks it).
 """
 
 from __future__ import annotations

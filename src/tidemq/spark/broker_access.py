@@ -5,7 +5,9 @@ Why a process-wide cache: Spark reuses executor Python workers across tasks but 
 connector objects for each task from pickles, so nothing on them lives longer than one task. A
 blocking client per (process, name server) — a daemon event-loop thread and one connection per
 broker — is what lets the second task skip the handshakes. It is keyed by pid too, because Spark
-forks workers from a daemon process and a client must never cross a fork.
+forks workers from a daemon process and a client must never cross a fork. The account
+(accessKey/secretKey) is part of the key: two queries of one process with different accounts
+never share a client.
 
 Reads follow `failOnDataLoss` (spec §4.3): data is lost when a range starts below the queue's
 minimum offset (retention deleted it) or the queue ends before the planned end.
@@ -21,11 +23,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
+from tidemq.client import Credentials
 from tidemq.client.blocking import BlockingAdmin, BlockingProducer, BlockingPullConsumer
 from tidemq.client.message import MessageExt, PullStatus
+from tidemq.client.tls import TlsOption
 from tidemq.errors import BrokerError
 from tidemq.protocol.bodies import MessageQueue
 from tidemq.protocol.codes import ResponseCode
+from tidemq.security.tls import TlsClientSettings, client_context
 
 from .offsets import Offsets, QueueKey, QueueRange
 from .options import SourceOptions
@@ -66,33 +71,68 @@ class _Clients:
     admin: BlockingAdmin
 
 
+# (pid, name server, group, account, TLS): one set of started clients each.
+_Key = tuple[int, str, str, Credentials | None, TlsClientSettings | None]
+
+
+def _tls_option(tls: TlsClientSettings | None) -> TlsOption:
+    """The clients' `tls=` from the options' settings (built in this process: a context does
+    not cross to the executors, its settings do)."""
+    return client_context(tls) if tls is not None else False
+
+
 class ClientCache:
-    """Started blocking clients per (pid, name server, group); see the module docstring."""
+    """Started blocking clients per (pid, name server, group, account, TLS settings); see the
+    module docstring."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._clients: dict[tuple[int, str, str], _Clients] = {}
-        self._producers: dict[tuple[int, str, str], BlockingProducer] = {}
+        self._clients: dict[_Key, _Clients] = {}
+        self._producers: dict[_Key, BlockingProducer] = {}
 
-    def get(self, name_server: str, group: str = READER_GROUP_DEFAULT) -> _Clients:
-        key = (os.getpid(), name_server, group)
+    def get(
+        self,
+        name_server: str,
+        group: str = READER_GROUP_DEFAULT,
+        *,
+        credentials: Credentials | None = None,
+        tls: TlsClientSettings | None = None,
+    ) -> _Clients:
+        key = (os.getpid(), name_server, group, credentials, tls)
         with self._lock:
             clients = self._clients.get(key)
             if clients is None:
                 addresses = name_server.split(";")
-                consumer = BlockingPullConsumer(group, addresses)
+                context = _tls_option(tls)
+                consumer = BlockingPullConsumer(
+                    group, addresses, credentials=credentials, tls=context
+                )
                 consumer.start()
-                admin = BlockingAdmin(addresses)
+                admin = BlockingAdmin(addresses, credentials=credentials, tls=context)
                 admin.start()
                 clients = self._clients[key] = _Clients(consumer, admin)
             return clients
 
-    def producer(self, name_server: str, group: str, *, retry_times: int = 2) -> BlockingProducer:
-        key = (os.getpid(), name_server, f"{group}#{retry_times}")
+    def producer(
+        self,
+        name_server: str,
+        group: str,
+        *,
+        retry_times: int = 2,
+        credentials: Credentials | None = None,
+        tls: TlsClientSettings | None = None,
+    ) -> BlockingProducer:
+        key = (os.getpid(), name_server, f"{group}#{retry_times}", credentials, tls)
         with self._lock:
             producer = self._producers.get(key)
             if producer is None:
-                producer = BlockingProducer(group, name_server.split(";"), retry_times=retry_times)
+                producer = BlockingProducer(
+                    group,
+                    name_server.split(";"),
+                    retry_times=retry_times,
+                    credentials=credentials,
+                    tls=_tls_option(tls),
+                )
                 producer.start()
                 self._producers[key] = producer
             return producer

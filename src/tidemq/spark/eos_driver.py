@@ -293,7 +293,7 @@ def commit_batch(
     ref, done = reported
     holders = dict(pair for m in done for pair in m.brokers)
     own = Decision(frozenset(m.txn for m in done), tuple(sorted(holders.items())))
-    admin = CLIENTS.get(options.name_server).admin
+    admin = CLIENTS.get(options.name_server, credentials=options.credentials, tls=options.tls).admin
     live = route_masters(admin, sorted({t for m in done for t in m.topics}))
     witnesses = {**holders, **live}
     found = lookup(admin, witnesses, ref)
@@ -352,7 +352,7 @@ def abort_batch(
         )
         return
     ref, done = reported
-    admin = CLIENTS.get(options.name_server).admin
+    admin = CLIENTS.get(options.name_server, credentials=options.credentials, tls=options.tls).admin
     brokers = dict(pair for m in done for pair in m.brokers)
     try:
         brokers.update(route_masters(admin, sorted({t for m in done for t in m.topics})))
@@ -394,7 +394,7 @@ def abort_write_job(
     done = [m for m in messages if isinstance(m, EosCommitMessage)]
     if any(m.sink_id != sink_id or m.batch_id != 0 for m in done):
         raise RuntimeError(f"tasks wrote another sink than {sink_id}/0")
-    admin = CLIENTS.get(options.name_server).admin
+    admin = CLIENTS.get(options.name_server, credentials=options.credentials, tls=options.tls).admin
     addrs = sorted(
         {b.master_addr for b in admin.cluster_info().broker_addr_table.values() if b.master_addr}
     )

@@ -235,7 +235,13 @@ def write_task(
     """The executor side of one task: halves out, the commit message back."""
     tag = task_tag(options, job_id, nonce)
     # No producer retries: only HalfSender resends, and only what was certainly not stored.
-    producer = CLIENTS.producer(options.name_server, options.producer_group, retry_times=0)
+    producer = CLIENTS.producer(
+        options.name_server,
+        options.producer_group,
+        retry_times=0,
+        credentials=options.credentials,
+        tls=options.tls,
+    )
     sender = HalfSender(producer)
     rows, topics = send_halves(sender, batches, options, tag)
     return EosCommitMessage(

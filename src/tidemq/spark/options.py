@@ -6,6 +6,18 @@ is the same (`startingOffsets`, `maxOffsetsPerTrigger`, `failOnDataLoss`, ...); 
 spellings are accepted as aliases (`namesrvAddr`, `subExpression`).
 
 Errors are `ValueError`s that name the option, raised before any query starts.
+
+`accessKey` / `secretKey` (the names RocketMQ's own connectors use) sign every request the
+connector's clients send, on the driver and the executors, for brokers with ACL. The secret is
+kept only inside a Credentials, whose repr hides it, so neither the parsed options nor an error
+shows it; Spark itself redacts option values whose key matches `spark.redaction.regex` (default
+`(?i)secret|password|token|access[.]?key`) in the plans it prints.
+
+`tls=true` dials name servers and brokers in TLS (docs/security.md), the servers verified
+against the system's CA store, or against `tlsTrustCertPath`; `tlsCertPath` / `tlsKeyPath` (and
+`tlsKeyPassword`, redacted by the same regex) are a client certificate for mutual TLS. A path
+implies `tls=true`. The files are read on the driver when the options are parsed (a bad one is
+an error naming its option) and again on each executor: the same paths on every node.
 """
 
 from __future__ import annotations
@@ -14,10 +26,13 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
+from tidemq.client import Credentials
 from tidemq.limits import PULL_MESSAGE_COUNT_MAX
 from tidemq.protocol import message as pm
+from tidemq.security.tls import TlsClientSettings, TlsConfigError, client_context
 
 # Spark Kafka's default for maxTriggerDelay.
 MAX_TRIGGER_DELAY_MS_DEFAULT: Final = 15 * 60 * 1000
@@ -107,6 +122,56 @@ def parse_queue_spec(name: str, value: str) -> QueueSpec:
     return spec
 
 
+def parse_credentials(options: Mapping[str, str]) -> Credentials | None:
+    """`accessKey` and `secretKey`: both (an ACL account) or neither (unsigned requests). An
+    error names the missing option, never a value."""
+    access_key = _get(options, "accessKey")
+    secret_key = _get(options, "secretKey")
+    if access_key is None and secret_key is None:
+        return None
+    if access_key is None or secret_key is None:
+        missing = "accessKey" if access_key is None else "secretKey"
+        raise ValueError(f"options accessKey and secretKey go together: {missing} is missing")
+    return Credentials(access_key, secret_key)
+
+
+# The option of each TLS setting, for errors (security/tls.py names upstream's keys).
+_TLS_OPTIONS: Final = {
+    "tls.client.trustCertPath": "tlsTrustCertPath",
+    "tls.client.certPath": "tlsCertPath",
+    "tls.client.keyPath": "tlsKeyPath",
+    "tls.client.keyPassword": "tlsKeyPassword",
+}
+
+
+def parse_tls(options: Mapping[str, str]) -> TlsClientSettings | None:
+    """`tls` and the tls* paths (module docstring): the clients' TLS, None for plaintext. The
+    files are read now; an error names the option, never the key password."""
+    paths = {
+        name: _get(options, name) for name in ("tlsTrustCertPath", "tlsCertPath", "tlsKeyPath")
+    }
+    given = [name for name, value in paths.items() if value is not None]
+    if not parse_bool("tls", _get(options, "tls"), default=bool(given)):
+        if given:
+            raise ValueError(f"option tls=false contradicts option {given[0]}")
+        return None
+    trust, cert, key = (Path(value) if value else None for value in paths.values())
+    try:
+        settings = TlsClientSettings(
+            trust_cert_path=trust,
+            cert_path=cert,
+            key_path=key,
+            key_password=_get(options, "tlsKeyPassword") or "",
+        )
+        client_context(settings)
+    except TlsConfigError as exc:
+        message = str(exc)
+        for setting, option in _TLS_OPTIONS.items():
+            message = message.replace(setting, f"option {option}")
+        raise ValueError(message) from None
+    return settings
+
+
 @dataclass(frozen=True, slots=True)
 class OffsetChoice:
     """Where to start or end: `earliest`/`latest`, a per-queue spec of offsets (-2 earliest,
@@ -168,6 +233,8 @@ class SourceOptions:
     consumer_group: str | None = None
     pull_batch_size: int = PULL_BATCH_SIZE_DEFAULT
     arrow_batch_rows: int = ARROW_BATCH_ROWS_DEFAULT
+    credentials: Credentials | None = None  # accessKey / secretKey (repr hides the secret)
+    tls: TlsClientSettings | None = None  # tls, tlsTrustCertPath, ... (None: plaintext)
 
     def matches_topic(self, topic: str) -> bool:
         """True for a topic this source reads; system, retry and DLQ topics never match."""
@@ -214,6 +281,13 @@ def _parse_topics(options: Mapping[str, str]) -> tuple[tuple[str, ...], str | No
     return names, None
 
 
+def _consumer_group(options: Mapping[str, str]) -> str | None:
+    group = _get(options, "consumerGroup")
+    if group is not None:
+        pm.validate_group(group)
+    return group
+
+
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """Validate the reader options of `spark.read` (streaming=False) or `spark.readStream`.
 
@@ -254,9 +328,6 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     arrow_rows = parse_positive_int("arrowBatchRows", _get(options, "arrowBatchRows"))
     if arrow_rows is not None and arrow_rows > ARROW_BATCH_ROWS_MAX:
         raise ValueError(f"option arrowBatchRows may not exceed {ARROW_BATCH_ROWS_MAX}")
-    group = _get(options, "consumerGroup")
-    if group is not None:
-        pm.validate_group(group)
     return SourceOptions(
         name_server=name_server,
         topics=topics,
@@ -280,9 +351,11 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         include_properties=parse_bool(
             "includeProperties", _get(options, "includeProperties"), default=False
         ),
-        consumer_group=group,
+        consumer_group=_consumer_group(options),
         pull_batch_size=pull_batch or PULL_BATCH_SIZE_DEFAULT,
         arrow_batch_rows=arrow_rows or ARROW_BATCH_ROWS_DEFAULT,
+        credentials=parse_credentials(options),
+        tls=parse_tls(options),
     )
 
 
@@ -301,6 +374,8 @@ class SinkOptions:
     producer_group: str = PRODUCER_GROUP_DEFAULT
     send_batch_size: int = SEND_BATCH_SIZE_DEFAULT
     sink_id: str | None = None  # exactly once: prefixes the query id (never replaces it)
+    credentials: Credentials | None = None  # accessKey / secretKey (repr hides the secret)
+    tls: TlsClientSettings | None = None  # tls, tlsTrustCertPath, ... (None: plaintext)
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -332,4 +407,6 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         producer_group=group,
         send_batch_size=batch or SEND_BATCH_SIZE_DEFAULT,
         sink_id=sink_id,
+        credentials=parse_credentials(options),
+        tls=parse_tls(options),
     )

@@ -218,7 +218,12 @@ def send_all(
 
 
 def _write(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-    producer = CLIENTS.producer(options.name_server, options.producer_group)
+    producer = CLIENTS.producer(
+        options.name_server,
+        options.producer_group,
+        credentials=options.credentials,
+        tls=options.tls,
+    )
     rows = send_all(producer, batches, options)
     context = TaskContext.get()
     partition = context.partitionId() if context else 0

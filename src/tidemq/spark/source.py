@@ -112,12 +112,18 @@ class TideMQDataSource(DataSource):
 
 
 def _consumer(options: SourceOptions) -> BlockingPullConsumer:
-    return CLIENTS.get(options.name_server, options.consumer_group or READER_GROUP_DEFAULT).consumer
+    group = options.consumer_group or READER_GROUP_DEFAULT
+    return CLIENTS.get(
+        options.name_server, group, credentials=options.credentials, tls=options.tls
+    ).consumer
 
 
 def _bounds(options: SourceOptions) -> QueueBounds:
     group = options.consumer_group or READER_GROUP_DEFAULT
-    return fetch_bounds(options, CLIENTS.get(options.name_server, group).admin)
+    clients = CLIENTS.get(
+        options.name_server, group, credentials=options.credentials, tls=options.tls
+    )
+    return fetch_bounds(options, clients.admin)
 
 
 def _from_spec(

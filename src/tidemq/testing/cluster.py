@@ -134,15 +134,17 @@ async def local_cluster(
     clock: Clock | None = None,
     slaves: int = 0,
     ha_secret: str | None = None,
+    namesrv_config: NamesrvConfig | None = None,
 ) -> AsyncIterator[LocalCluster]:
     """Start a name server and `brokers` broker groups under `root`; stop them all on exit.
 
     `broker_settings` are broker.conf keys applied to every broker (e.g. a tiny
     mappedFileSizeCommitLog so tests cross segment rollovers). Each group has `slaves` slaves;
     with slaves, or with `ha_secret` given, every broker gets that haSecret (default: random).
+    `namesrv_config`: the name server's settings (its port 0, a free one, as by default).
     """
     clock = clock or SystemClock()
-    namesrv = NamesrvApp(NamesrvConfig(listen_port=0), clock)
+    namesrv = NamesrvApp(namesrv_config or NamesrvConfig(listen_port=0), clock)
     await namesrv.start()
     cluster = LocalCluster(namesrv=namesrv, root=root, broker_settings=dict(broker_settings or {}))
     if slaves or ha_secret is not None:

@@ -84,7 +84,9 @@ class SimBroker:
             self._check,
             self.resolver,
             self.offsets,
-            lambda _group: cast(list[Connection], [c for c in self.connections if not c.closed]),
+            lambda _group, _topic: cast(
+                list[Connection], [c for c in self.connections if not c.closed]
+            ),
             self._clock,
         )
 

@@ -78,7 +78,7 @@ class Sink:
             CheckBackConfig(interval_ms=100, timeout_ms=TIMEOUT_MS),
             world.resolver,
             world.offsets,
-            lambda _group: [cast(Connection, self.producer)],
+            lambda _group, _topic: [cast(Connection, self.producer)],
             world.clock,
             sink_batches=self.batches,
         )

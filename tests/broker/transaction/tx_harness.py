@@ -119,7 +119,7 @@ class World:
             self.check_config,
             self.resolver,
             self.offsets,
-            lambda group: cast(list[Connection], list(self.producers.get(group, []))),
+            lambda group, _topic: cast(list[Connection], list(self.producers.get(group, []))),
             self.clock,
         )
 

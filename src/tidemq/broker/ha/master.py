@@ -59,6 +59,7 @@ from tidemq.errors import ProtocolError, StoreError
 from tidemq.limits import MESSAGE_BODY_SIZE_MAX, MIB
 from tidemq.protocol import ha
 from tidemq.protocol.codes import ResponseCode
+from tidemq.remoting.acceptor import Acceptor, accept_tls, listen
 from tidemq.remoting.log_limit import LogLimit, clip_peer_text
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class HAMaster:
         self.settings = settings
         self.clock = clock
         self.window = window_bytes(message_size_max)
-        self._server: asyncio.Server | None = None
+        self._server: Acceptor | None = None  # ours, as the client ports' (TLS alike)
         # Every link from accept to connection_lost, in accept order (the oldest pending first).
         self._links: dict[_Link, None] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # every sender until it has finished
@@ -131,11 +132,12 @@ class HAMaster:
 
     async def start(self) -> None:
         assert self._server is None, "HAMaster started twice"
-        loop = self._loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._server = await loop.create_server(
-            lambda: _Link(self), self.settings.listen_host, self.settings.listen_port
-        )
+        tls = accept_tls(self.settings.tls, self._log_limit)
+        sock = listen(self.settings.listen_host, self.settings.listen_port)
+        self._server = Acceptor(sock, lambda: _Link(self), name="HA", log=self._log_limit, tls=tls)
+        self._server.start()
         if not self._listening:  # the store has no remove: one registration per master
             self.store.add_append_listener(self._on_append)
         self._listening = True
@@ -144,15 +146,14 @@ class HAMaster:
     @property
     def port(self) -> int:
         assert self._server is not None
-        assert self._server.sockets
-        return int(self._server.sockets[0].getsockname()[1])
+        return self._server.port
 
     async def stop(self) -> None:
         """Close the listener and every slave connection, end every task, answer every waiter."""
         server, self._server = self._server, None
         if server is None:
             return
-        server.close()
+        await server.close()
         links = list(self._links)
         for link in links:
             link.abort()
@@ -161,7 +162,6 @@ class HAMaster:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, *(link.lost for link in links), return_exceptions=True)
-        await server.wait_closed()
         self._links.clear()
         self._arm_join_timer(None)
         self._waiters.fail_all(ResponseCode.SLAVE_NOT_AVAILABLE)

@@ -1,15 +1,19 @@
 """HASettings: the knobs of replication, with RocketMQ's defaults; the broker builds it from
 BrokerConfig (haListenPort, haSendHeartbeatInterval, haHousekeepingInterval, haTransferBatchSize,
-haMaxGapNotInSync, syncFlushTimeout, and TideMQ's haSecret)."""
+haMaxGapNotInSync, syncFlushTimeout, and TideMQ's haSecret), and TLS: the master's HA port speaks
+what its client ports speak (tls.server.*, `tls`), a slave dials it in TLS with tls.enable
+(`client_ssl`)."""
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Final
 
 from tidemq.limits import KIB, MESSAGE_PROPERTIES_SIZE_MAX, MIB, TOPIC_NAME_LENGTH_MAX
 from tidemq.protocol.ha import FRAME_DATA_SIZE_MAX
 from tidemq.protocol.record import RECORD_FIXED_SIZE
+from tidemq.security.tls import TlsServerSettings
 
 # Log bytes a slave may be sent beyond what it acknowledged, plus one largest record (a slave
 # holding the head of a record must get its end): enough to keep a loopback or LAN link busy
@@ -43,6 +47,10 @@ class HASettings:
     max_gap_not_in_sync: int = 256 * MIB
     # A SYNC send waits this long for a slave's acknowledgement (syncFlushTimeout).
     sync_timeout_ms: int = 5_000
+    # The master's HA port: disabled, permissive or enforcing TLS (None: plaintext).
+    tls: TlsServerSettings | None = None
+    # A slave's connection to its master's HA port (None: plaintext).
+    client_ssl: ssl.SSLContext | None = None
 
     def __post_init__(self) -> None:
         if not self.secret:

@@ -255,7 +255,10 @@ class HASlave:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                await loop.create_connection(lambda: link, host, port)
+                tls = self.settings.client_ssl  # the master's HA port checks our cert, if any
+                await loop.create_connection(
+                    lambda: link, host, port, ssl=tls, server_hostname=host if tls else None
+                )
         except (OSError, TimeoutError) as exc:
             self.log_limit.warning("HA master %s unreachable: %s", addr, exc or "timeout")
             return Outcome.FAILED

@@ -37,6 +37,7 @@ from tidemq.protocol.headers import (
 from tidemq.protocol.message import validate_group, validate_topic
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
+from tidemq.security.signing import ACCESS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class ClientHandlers:
                 language=request.language,
                 version=request.version,
                 last_update_ms=now,
+                access_key=request.ext_fields.get(ACCESS_KEY),
             )
 
         for consumer in data.consumer_data_set:

@@ -38,6 +38,7 @@ from typing import Final
 
 import orjson
 
+from tidemq.broker.access import NO_ACL, AccessGate
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.durability import WaitDurable
 from tidemq.broker.handlers.common import (
@@ -56,12 +57,14 @@ from tidemq.broker.transaction.batch import (
     SinkBatchResolver,
     parse_holders,
 )
+from tidemq.broker.transaction.ledger import TransactionLedger
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import EndBatchRequestHeader
 from tidemq.protocol.message import SysFlag
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
+from tidemq.security.permissions import Perm as AclPerm
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +117,17 @@ def lookup_body(state: BatchState | None) -> bytes:
 
 class EndBatchHandler:
     def __init__(
-        self, config: BrokerConfig, batches: SinkBatchResolver, wait_durable: WaitDurable
+        self,
+        config: BrokerConfig,
+        batches: SinkBatchResolver,
+        wait_durable: WaitDurable,
+        *,
+        ledger: TransactionLedger | None = None,
+        gate: AccessGate = NO_ACL,
     ) -> None:
+        assert ledger is not None or not gate.enabled
+        self._ledger = ledger
+        self._gate = gate
         self._config = config
         self._batches = batches
         self._wait_durable = wait_durable
@@ -146,6 +158,8 @@ class EndBatchHandler:
             raise Refusal(ResponseCode.SYSTEM_ERROR, "only a COMMIT has a phase")
         if outcome is BatchOutcome.COMMIT and body.phase is BatchPhase.LOOKUP:
             return await self._lookup(request, header)
+        if self._gate.enabled:
+            self._check_halves(connection, request, header)
         try:
             result = self._batches.end_batch(
                 header.sink_id,
@@ -179,6 +193,23 @@ class EndBatchHandler:
         if code != ResponseCode.SUCCESS:
             return request.response(code, fields, remark=f"batch ended and {remark}")
         return request.response(ResponseCode.SUCCESS, fields)
+
+    def _check_halves(
+        self, connection: Connection, request: RemotingCommand, header: EndBatchRequestHeader
+    ) -> None:
+        """Under ACL: PUB on the real topic of every half of the batch this broker holds
+        pending (those end_batch resolves, now or once published), refused before anything
+        is recorded or resolved. The remark names no topic."""
+        assert self._ledger is not None
+        topics = set()
+        for origin in self._batches.index.pending(header.sink_id, header.batch_id):
+            entry = self._ledger.pending(origin)
+            if entry is not None:  # gone: end_batch forgets it and resolves nothing
+                topics.add(entry.real_topic)
+        for topic in sorted(topics):
+            self._gate.require(
+                connection, request, topic, AclPerm.PUB, shown="a topic of the batch's messages"
+            )
 
     async def _lookup(
         self, request: RemotingCommand, header: EndBatchRequestHeader

@@ -33,6 +33,7 @@ import asyncio
 import logging
 from typing import Final
 
+from tidemq.broker.access import NO_ACL, AccessGate
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.durability import WaitDurable
 from tidemq.broker.handlers.common import (
@@ -49,9 +50,11 @@ from tidemq.errors import ProtocolError
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import FLAG_ONEWAY, RemotingCommand
 from tidemq.protocol.headers import EndTransactionRequestHeader
-from tidemq.protocol.message import PGROUP, SysFlag
+from tidemq.protocol.message import PGROUP, REAL_TOPIC, SysFlag
+from tidemq.protocol.names import RMQ_SYS_TRANS_HALF_TOPIC
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
+from tidemq.security.permissions import Perm as AclPerm
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +70,13 @@ END_ROUND_MAX: Final = 1_024
 
 class EndTransactionHandler:
     def __init__(
-        self, config: BrokerConfig, resolver: TransactionResolver, wait_durable: WaitDurable
+        self,
+        config: BrokerConfig,
+        resolver: TransactionResolver,
+        wait_durable: WaitDurable,
+        gate: AccessGate = NO_ACL,
     ) -> None:
+        self._gate = gate
         self._config = config
         self._resolver = resolver
         self._wait_durable = wait_durable
@@ -99,6 +107,19 @@ class EndTransactionHandler:
             )
             return None
         answer = self._answer(header, tx_input)
+        if self._gate.enabled:
+            # Under ACL: PUB on the half's real topic, asked before the checks that would tell
+            # the producer group or queue offset of someone else's half (the remark names
+            # neither it nor its topic: a stranger learns only that a half is there, which
+            # "Find prepared transaction message failed" tells anyone).
+            self._gate.require(
+                connection,
+                request,
+                answer.props.get(REAL_TOPIC) or RMQ_SYS_TRANS_HALF_TOPIC,
+                AclPerm.PUB,
+                shown="the transaction's topic",
+            )
+        self._check_answer(header, answer)
         if request.flag & FLAG_ONEWAY:
             self._join_round(answer, header.msg_id, connection)
             return None
@@ -122,17 +143,21 @@ class EndTransactionHandler:
         return request.response(ResponseCode.SUCCESS)
 
     def _answer(self, header: EndTransactionRequestHeader, tx_input: TxInput) -> Answer:
-        """The answer about the half record the header names, after the upstream checks."""
+        """The answer about the half record the header names (SYSTEM_ERROR when none)."""
         answer = self._resolver.answer_at(header.commit_log_offset, tx_input)
         if answer is None:
             raise Refusal(ResponseCode.SYSTEM_ERROR, "Find prepared transaction message failed")
+        return answer
+
+    @staticmethod
+    def _check_answer(header: EndTransactionRequestHeader, answer: Answer) -> None:
+        """The upstream checks of the header against the half it names."""
         if answer.props.get(PGROUP) != header.producer_group:
             raise Refusal(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
         if answer.queue_offset != header.tran_state_table_offset:
             raise Refusal(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
         if answer.physical_offset != header.commit_log_offset:
             raise Refusal(ResponseCode.SYSTEM_ERROR, "The commit log offset wrong")
-        return answer
 
     # -- the round of oneway answers ---------------------------------------------------------
 

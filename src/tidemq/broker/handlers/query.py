@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Final
 
+from tidemq.broker.access import NO_ACL, AccessGate
 from tidemq.broker.handlers.common import Refusal, guarded
 from tidemq.clock import Clock
+from tidemq.errors import CorruptRecordError, ProtocolError
+from tidemq.protocol import record as rec
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
@@ -15,6 +18,7 @@ from tidemq.protocol.headers import (
 )
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
+from tidemq.security.permissions import Perm
 from tidemq.store.message_store import FileMessageStore
 
 # A unique-key lookup names one message; Java caps it at 32 hits (duplicates from retries).
@@ -24,9 +28,10 @@ KEY_QUERY_MAX: Final = 64
 
 
 class QueryHandlers:
-    def __init__(self, store: FileMessageStore, clock: Clock) -> None:
+    def __init__(self, store: FileMessageStore, clock: Clock, gate: AccessGate = NO_ACL) -> None:
         self._store = store
         self._clock = clock
+        self._gate = gate
 
     def register(self, table: HandlerTable) -> None:
         table.register(RequestCode.VIEW_MESSAGE_BY_ID, guarded(self.view_message))
@@ -36,10 +41,23 @@ class QueryHandlers:
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand:
         header = ViewMessageRequestHeader.from_fields(request.ext_fields)
-        record = self._store.read_record(header.offset) if header.offset >= 0 else None
+        offset = header.offset
+        record = self._store.read_record(offset, from_peer=True) if offset >= 0 else None
         if record is None:
             raise Refusal(
                 ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {header.offset}"
+            )
+        if self._gate.enabled:
+            # Under ACL: SUB on the record's own topic (a system topic: an admin's), the
+            # topic not told to an account that may not read it.
+            try:
+                topic = rec.decode_record(record, verify_crc=False).topic
+            except (CorruptRecordError, ProtocolError):
+                raise Refusal(
+                    ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}"
+                ) from None
+            self._gate.require(
+                connection, request, topic, Perm.SUB, shown="the message at this offset"
             )
         return request.response(ResponseCode.SUCCESS, body=record)
 

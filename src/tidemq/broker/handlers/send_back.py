@@ -24,6 +24,7 @@ import itertools
 import logging
 from typing import Final
 
+from tidemq.broker.access import NO_ACL, AccessGate
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.durability import Durability
 from tidemq.broker.groups import SubscriptionGroupConfig, SubscriptionGroupTable
@@ -57,6 +58,7 @@ from tidemq.protocol.message import (
 )
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
+from tidemq.security.permissions import Perm as AclPerm
 from tidemq.store.dispatch import TAGS_CODE_PROPERTY
 from tidemq.store.message_store import FileMessageStore
 from tidemq.store.types import MessageToStore
@@ -113,7 +115,9 @@ class SendBackHandler:
         groups: SubscriptionGroupTable,
         durability: Durability,
         delays: DelayRouter,
+        gate: AccessGate = NO_ACL,
     ) -> None:
+        self._gate = gate
         self._config = config
         self._address = address
         self._store = store
@@ -135,6 +139,8 @@ class SendBackHandler:
             return request.response(ResponseCode.SUCCESS)
         retry = self._topics.ensure_retry_topic(header.group, group.retry_queue_nums)
         original = self._stored_original(header.offset)
+        if self._gate.enabled:
+            self._check_access(connection, request, header, original)
         max_times = header_max_reconsume_times(header.max_reconsume_times, request.version)
         message = self._resend_message(header, original, group, retry, max_times)
         destination = message.topic  # the retry or DLQ topic, before a delay parks it
@@ -173,7 +179,7 @@ class SendBackHandler:
 
     def _stored_original(self, offset: int) -> rec.StoredMessage:
         """The message being handed back, read at its commit-log offset; else SYSTEM_ERROR."""
-        data = self._store.read_record(offset)
+        data = self._store.read_record(offset, from_peer=True)
         try:
             if data is None:
                 raise CorruptRecordError("no record there")
@@ -182,6 +188,25 @@ class SendBackHandler:
             raise Refusal(
                 ResponseCode.SYSTEM_ERROR, f"look message by offset {offset} failed: {exc}"
             ) from None
+
+    def _check_access(
+        self,
+        connection: Connection,
+        request: RemotingCommand,
+        header: ConsumerSendMsgBackRequestHeader,
+        original: rec.StoredMessage,
+    ) -> None:
+        """Under ACL: SUB on the stored message's real topic (its RETRY_TOPIC, else its topic),
+        which the header's originTopic, when given, must be. One remark for both refusals: an
+        account may not learn the topic of a message it may not read."""
+        real = original.property_map().get(RETRY_TOPIC) or original.topic
+        shown = "the message at this offset"
+        self._gate.require(connection, request, real, AclPerm.SUB, shown=shown)
+        if header.origin_topic and header.origin_topic != real:
+            raise Refusal(
+                ResponseCode.NO_PERMISSION,
+                f"originTopic {header.origin_topic} is not the topic of {shown}",
+            )
 
     def _resend_message(
         self,

@@ -13,8 +13,9 @@ One pass, every transactionCheckInterval:
       ├─ younger than CHECK_IMMUNITY_TIME_IN_SECONDS (else transactionTimeOut)
       │     ├─ immunity longer than transactionTimeOut ─▶ rewrite it at the queue's end
       │     └─ otherwise ─▶ leave it: it pins the half offset (due within transactionTimeOut)
-      ├─ due, but no live connection of PGROUP (the producers are gone, or a restarted broker
-      │     has not yet had their heartbeat) ─▶ the check would reach nobody, so it does not
+      ├─ due, but no live connection of PGROUP that may be asked (the producers are gone, a
+      │     restarted broker has not yet had their heartbeat, or under ACL no account of theirs
+      │     has PUB on the real topic) ─▶ the check would reach nobody, so it does not
       │     count toward transactionCheckMax:
       │     ├─ __TXUNREACHED# >= transactionUnreachedCheckMax ─▶ discard, as above
       │     └─ otherwise ─▶ put back a copy with __TXUNREACHED# + 1, TRANSACTION_CHECK_TIMES kept
@@ -71,7 +72,7 @@ from tidemq.protocol import record as rec
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import CheckTransactionStateRequestHeader
-from tidemq.protocol.message import PGROUP, TRANS_CHECK_GROUP, UNIQ_KEY, offset_msg_id
+from tidemq.protocol.message import PGROUP, REAL_TOPIC, TRANS_CHECK_GROUP, UNIQ_KEY, offset_msg_id
 from tidemq.remoting.connection import Connection
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,9 @@ CHECK_PASS_TIME_MAX_MS: Final = 60_000
 # Records visited per pass, so a huge backlog is worked off over several passes.
 CHECK_PASS_MESSAGES_MAX: Final = 100_000
 
-ProducerConnections = Callable[[str], list[Connection]]
+# (producer group, the half's real topic) → the connections of the group that may be asked
+# about a half of that topic (under ACL: those whose account has PUB on it; app.py).
+ProducerConnections = Callable[[str, str], list[Connection]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,7 +255,7 @@ class CheckBackService:
                     return True
                 report.left += 1
                 return False
-            if not self._has_live_producer(entry.producer_group):
+            if not self._has_live_producer(entry.producer_group, entry.real_topic):
                 group = entry.producer_group
                 return self._visit_unreached(half, group, check_times, report, unreached_groups)
             copy = self._resolver.put_back(half, check_times + 1)
@@ -274,8 +277,8 @@ class CheckBackService:
         report.discarded += 1
         return True
 
-    def _has_live_producer(self, group: str) -> bool:
-        return any(not connection.closed for connection in self._producers(group))
+    def _has_live_producer(self, group: str, topic: str) -> bool:
+        return any(not connection.closed for connection in self._producers(group, topic))
 
     def _visit_unreached(
         self,
@@ -366,7 +369,8 @@ class CheckBackService:
     async def _send_check(self, copy: rec.StoredMessage) -> None:
         props = copy.property_map()
         group = props.get(PGROUP, "")
-        connections = [c for c in self._producers(group) if not c.closed]
+        topic = props.get(REAL_TOPIC, "")
+        connections = [c for c in self._producers(group, topic) if not c.closed]
         if connections:
             # Rotate per transaction, not per pass: each successive check of one transaction
             # starts at the next connection, so a connection a crashed producer left half-open

@@ -205,15 +205,18 @@ class TransactionResolver:
                 return Answer(
                     tx_input, props, origin, put.queue_offset, commit_log_offset, put=recent
                 )
-        loaded = self.load_half(commit_log_offset)
+        loaded = self.load_half(commit_log_offset, from_peer=True)
         return None if loaded is None else Answer.of(loaded, tx_input)
 
-    def load_half(self, commit_log_offset: int) -> rec.StoredMessage | None:
-        """The half record at `commit_log_offset`, or None when there is none (or another)."""
+    def load_half(
+        self, commit_log_offset: int, *, from_peer: bool = False
+    ) -> rec.StoredMessage | None:
+        """The half record at `commit_log_offset`, or None when there is none (or another);
+        `from_peer` when a request named the offset (store.read_record)."""
         if commit_log_offset < 0:
             return None
         try:
-            data = self.store.read_record(commit_log_offset)
+            data = self.store.read_record(commit_log_offset, from_peer=from_peer)
             if data is None:
                 return None
             # read_record returns only a record whose whole-record CRC it checked.
