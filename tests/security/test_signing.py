@@ -76,3 +76,28 @@ def test_hmac_over_hashlib_states_is_hmac_sha1_for_every_key_length(secret: str)
     assert signature(secret, dict(FIELDS), body) == by_hand(
         secret, b"producerAKLOCALPGTopicA" + body
     )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {SIGNATURE: "x"},
+        {"only": "v"},
+        {"only": "v", SIGNATURE: "x"},
+        {"b": "2", SIGNATURE: "x", "a": "1"},
+        {"b": "2", "a": "1"},  # the same keys in another order: another shape, the same text
+    ],
+)
+def test_values_are_ordered_by_key_whatever_the_shape(fields: dict[str, str]) -> None:
+    expected = "".join(fields[key] for key in sorted(fields) if key != SIGNATURE).encode()
+    assert signing.signed_content(fields, b"!") == expected + b"!"
+    assert signing.signed_content(dict(fields), b"") == expected  # the cached order again
+
+
+def test_the_order_cache_is_bounded() -> None:
+    for i in range(signing._ORDERS_MAX * 2):
+        assert signing.signed_content({f"k{i}": "v", "a": "1"}, b"") == (
+            b"1v" if f"k{i}" > "a" else b"v1"
+        )
+    assert len(signing._orders) <= signing._ORDERS_MAX
