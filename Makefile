@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.test-installed
 JS_DIR := tests/compat/js
 JS_STAMP := $(JS_DIR)/node_modules/.installed
 
-.PHONY: run test check lint typecheck unit bench bench-deps bench-failover clean java etcd chaos bench-security fuzz
+.PHONY: run spark test check lint typecheck unit bench bench-deps bench-failover clean java etcd chaos bench-security fuzz
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +29,20 @@ $(JS_STAMP): $(JS_DIR)/package.json $(JS_DIR)/package-lock.json
 	cd $(JS_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-## run: create .venv, install TideMQ, start the name server and a broker in one process (./data)
+## run: create .venv, install TideMQ, start the name server and a broker in one process (./data);
+## NAMESRV_PORT (9876), BROKER_PORT (10911; port - 2 and, with a slave, port + 1 are taken too),
+## DATA_DIR (./data) and DEV_ARGS (more `tidemq dev` flags, e.g. --slave) change it
+NAMESRV_PORT ?= 9876
+BROKER_PORT ?= 10911
+DATA_DIR ?= ./data
+DEV_ARGS ?=
 run: $(RUN_STAMP)
-	$(VENV)/bin/tidemq dev --data-dir ./data
+	$(VENV)/bin/tidemq dev --namesrv-port $(NAMESRV_PORT) --broker-port $(BROKER_PORT) \
+		--data-dir $(DATA_DIR) $(DEV_ARGS)
+
+## spark: install the Spark connector's extra (pyspark, pyarrow) into .venv, and Java 17 if missing
+spark: $(RUN_STAMP) java
+	$(PY) -m pip install -q -e '.[spark]'
 
 # The Spark connector's tests (tests/spark) need a Java 17 runtime; install it when missing.
 java:

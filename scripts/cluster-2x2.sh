@@ -2,7 +2,8 @@
 # A replicated TideMQ cluster on one machine: one name server and two broker groups (broker-a,
 # broker-b), each a master and a slave, as five background processes.
 #
-#   scripts/cluster-2x2.sh start DIR     write DIR/conf/*.conf (first time), start, wait for ports
+#   scripts/cluster-2x2.sh start DIR     write DIR/conf/*.conf (first time), start, wait until
+#                                        every broker is listed by the name server
 #   scripts/cluster-2x2.sh stop DIR      SIGTERM every process (slaves, masters, name server)
 #   scripts/cluster-2x2.sh status DIR    which processes run
 #
@@ -25,6 +26,8 @@ BROKER_PORT_BASE=${BROKER_PORT_BASE:-10911}
 MASTER_ROLE=${MASTER_ROLE:-SYNC_MASTER}
 # How long a process may take to accept connections, then to exit after SIGTERM (seconds).
 START_TIMEOUT_S=30
+# How long the four brokers may take to be listed by the name server once they listen (seconds).
+REGISTER_TIMEOUT_S=30
 STOP_TIMEOUT_S=20
 # Name server first, slaves last when starting; the reverse when stopping.
 NAMES=(namesrv broker-a-0 broker-b-0 broker-a-1 broker-b-1)
@@ -118,6 +121,32 @@ start_one() {
     echo "$name started: 127.0.0.1:$port (pid $(cat "$dir/pids/$name.pid"))"
 }
 
+# The brokers the name server does not list yet (by listen port), as names on one line.
+unlisted() {
+    local tidemq=$1 listed name missing=()
+    # cluster list's ADDRESS column; nothing while the name server does not answer.
+    listed=$("$tidemq" cluster list -n "127.0.0.1:$NAMESRV_PORT" 2>/dev/null |
+        awk 'NR > 1 { print $5 }') || listed=""
+    for name in "${NAMES[@]:1}"; do
+        grep -qxF "127.0.0.1:$(broker_port "$name")" <<<"$listed" || missing+=("$name")
+    done
+    echo "${missing[*]}"
+}
+
+# A broker registers with the name server just after it listens: until then a client (`tidemq
+# topic create` right after start) does not see it. Wait until every broker is listed.
+wait_registered() {
+    local dir=$1 tidemq=$2 missing deadline=$((SECONDS + REGISTER_TIMEOUT_S))
+    while missing=$(unlisted "$tidemq") && [[ -n $missing ]]; do
+        if ((SECONDS >= deadline)); then
+            echo "not listed by the name server 127.0.0.1:$NAMESRV_PORT within" \
+                "${REGISTER_TIMEOUT_S} s: $missing; see $dir/logs/" >&2
+            exit 1
+        fi
+        sleep 0.2
+    done
+}
+
 start() {
     local dir=$1 tidemq name
     tidemq=$(tidemq_command)
@@ -126,6 +155,7 @@ start() {
     for name in "${NAMES[@]}"; do
         start_one "$dir" "$name" "$tidemq"
     done
+    wait_registered "$dir" "$tidemq"
     echo "cluster up; try: $tidemq cluster list -n 127.0.0.1:$NAMESRV_PORT"
 }
 

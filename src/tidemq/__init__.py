@@ -12,6 +12,7 @@ from tidemq.client.blocking import (
     BlockingAdmin,
     BlockingProducer,
     BlockingPullConsumer,
+    BlockingPushConsumer,
     BlockingTransactionProducer,
 )
 from tidemq.client.consumer import PushConsumer
@@ -32,6 +33,7 @@ from tidemq.client.message import (
 )
 from tidemq.client.producer import Producer
 from tidemq.client.pull_consumer import PullConsumer
+from tidemq.client.selector import MessageSelector
 from tidemq.client.transaction import (
     LocalTransactionState,
     TransactionListener,
@@ -55,6 +57,7 @@ __all__ = [
     "BlockingAdmin",
     "BlockingProducer",
     "BlockingPullConsumer",
+    "BlockingPushConsumer",
     "BlockingTransactionProducer",
     "BrokerError",
     "ClientClosedError",
@@ -71,6 +74,7 @@ __all__ = [
     "MessageExt",
     "MessageModel",
     "MessageQueue",
+    "MessageSelector",
     "NoRouteError",
     "Producer",
     "ProtocolError",

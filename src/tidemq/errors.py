@@ -9,7 +9,8 @@
         ReplicaOffsetError       replication at an offset the log does not hold or continue from
         ReplicaCorruptError      a master's log bytes that are no valid record or blank marker
       BrokerError                a broker or name server answered with a non-success code
-        (one subclass per ResponseCode, built below; `error_for_code(code)` picks it)
+        (one subclass per ResponseCode, e.g. TopicNotExistError, SubscriptionParseFailedError;
+         `error_for_code(code)` picks it)
       ClientError                failures on the client side
         RequestTimeoutError      no response within the request's timeout (retriable)
         ConnectionClosedError    the connection closed before the response came (retriable)
@@ -105,35 +106,190 @@ class ClientClosedError(ClientError):
     pass
 
 
-def _camel(name: str) -> str:
-    return "".join(part.capitalize() for part in name.lower().split("_"))
+# One class per non-success ResponseCode, written out (not made at import time) so that
+# `from tidemq.errors import TopicNotExistError` type-checks and editors complete it. Retriable
+# ones mean "try again, maybe elsewhere": the client's send retry and fault avoidance use it.
+# tests/test_errors.py checks that every code has exactly one class, named after it.
 
 
-# Codes that mean "try again, maybe elsewhere": the client's send retry and fault avoidance use it.
-_RETRIABLE_CODES = frozenset(
-    {
-        ResponseCode.SYSTEM_BUSY,
-        ResponseCode.FLUSH_DISK_TIMEOUT,
-        ResponseCode.SLAVE_NOT_AVAILABLE,
-        ResponseCode.FLUSH_SLAVE_TIMEOUT,
-        ResponseCode.SERVICE_NOT_AVAILABLE,
-        ResponseCode.TOPIC_NOT_EXIST,
-        ResponseCode.SYSTEM_ERROR,
-        ResponseCode.FLOW_CONTROL,
-    }
-)
+class SystemErrorError(BrokerError):
+    code = ResponseCode.SYSTEM_ERROR
+    retriable = True
 
-_ERROR_BY_CODE: dict[int, type[BrokerError]] = {}
-for _code in ResponseCode:
-    if _code is ResponseCode.SUCCESS:
-        continue
-    _cls = type(
-        _camel(_code.name) + "Error",
-        (BrokerError,),
-        {"code": _code, "retriable": _code in _RETRIABLE_CODES, "__module__": __name__},
+
+class SystemBusyError(BrokerError):
+    code = ResponseCode.SYSTEM_BUSY
+    retriable = True
+
+
+class RequestCodeNotSupportedError(BrokerError):
+    code = ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+
+
+class TransactionFailedError(BrokerError):
+    code = ResponseCode.TRANSACTION_FAILED
+
+
+class FlushDiskTimeoutError(BrokerError):
+    code = ResponseCode.FLUSH_DISK_TIMEOUT
+    retriable = True
+
+
+class SlaveNotAvailableError(BrokerError):
+    code = ResponseCode.SLAVE_NOT_AVAILABLE
+    retriable = True
+
+
+class FlushSlaveTimeoutError(BrokerError):
+    code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+    retriable = True
+
+
+class MessageIllegalError(BrokerError):
+    code = ResponseCode.MESSAGE_ILLEGAL
+
+
+class ServiceNotAvailableError(BrokerError):
+    code = ResponseCode.SERVICE_NOT_AVAILABLE
+    retriable = True
+
+
+class VersionNotSupportedError(BrokerError):
+    code = ResponseCode.VERSION_NOT_SUPPORTED
+
+
+class NoPermissionError(BrokerError):
+    code = ResponseCode.NO_PERMISSION
+
+
+class TopicNotExistError(BrokerError):
+    code = ResponseCode.TOPIC_NOT_EXIST
+    retriable = True
+
+
+class TopicExistAlreadyError(BrokerError):
+    code = ResponseCode.TOPIC_EXIST_ALREADY
+
+
+class PullNotFoundError(BrokerError):
+    code = ResponseCode.PULL_NOT_FOUND
+
+
+class PullRetryImmediatelyError(BrokerError):
+    code = ResponseCode.PULL_RETRY_IMMEDIATELY
+
+
+class PullOffsetMovedError(BrokerError):
+    code = ResponseCode.PULL_OFFSET_MOVED
+
+
+class QueryNotFoundError(BrokerError):
+    code = ResponseCode.QUERY_NOT_FOUND
+
+
+class SubscriptionParseFailedError(BrokerError):
+    code = ResponseCode.SUBSCRIPTION_PARSE_FAILED
+
+
+class SubscriptionNotExistError(BrokerError):
+    code = ResponseCode.SUBSCRIPTION_NOT_EXIST
+
+
+class SubscriptionNotLatestError(BrokerError):
+    code = ResponseCode.SUBSCRIPTION_NOT_LATEST
+
+
+class SubscriptionGroupNotExistError(BrokerError):
+    code = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+
+
+class FilterDataNotExistError(BrokerError):
+    code = ResponseCode.FILTER_DATA_NOT_EXIST
+
+
+class FilterDataNotLatestError(BrokerError):
+    code = ResponseCode.FILTER_DATA_NOT_LATEST
+
+
+class TransactionShouldCommitError(BrokerError):
+    code = ResponseCode.TRANSACTION_SHOULD_COMMIT
+
+
+class TransactionShouldRollbackError(BrokerError):
+    code = ResponseCode.TRANSACTION_SHOULD_ROLLBACK
+
+
+class TransactionStateUnknowError(BrokerError):
+    code = ResponseCode.TRANSACTION_STATE_UNKNOW
+
+
+class TransactionStateGroupWrongError(BrokerError):
+    code = ResponseCode.TRANSACTION_STATE_GROUP_WRONG
+
+
+class NoBuyerIdError(BrokerError):
+    code = ResponseCode.NO_BUYER_ID
+
+
+class NotInCurrentUnitError(BrokerError):
+    code = ResponseCode.NOT_IN_CURRENT_UNIT
+
+
+class ConsumerNotOnlineError(BrokerError):
+    code = ResponseCode.CONSUMER_NOT_ONLINE
+
+
+class ConsumeMsgTimeoutError(BrokerError):
+    code = ResponseCode.CONSUME_MSG_TIMEOUT
+
+
+class NoMessageError(BrokerError):
+    code = ResponseCode.NO_MESSAGE
+
+
+class FlowControlError(BrokerError):
+    code = ResponseCode.FLOW_CONTROL
+    retriable = True
+
+
+_ERROR_BY_CODE: dict[int, type[BrokerError]] = {
+    int(cls.code): cls
+    for cls in (
+        SystemErrorError,
+        SystemBusyError,
+        RequestCodeNotSupportedError,
+        TransactionFailedError,
+        FlushDiskTimeoutError,
+        SlaveNotAvailableError,
+        FlushSlaveTimeoutError,
+        MessageIllegalError,
+        ServiceNotAvailableError,
+        VersionNotSupportedError,
+        NoPermissionError,
+        TopicNotExistError,
+        TopicExistAlreadyError,
+        PullNotFoundError,
+        PullRetryImmediatelyError,
+        PullOffsetMovedError,
+        QueryNotFoundError,
+        SubscriptionParseFailedError,
+        SubscriptionNotExistError,
+        SubscriptionNotLatestError,
+        SubscriptionGroupNotExistError,
+        FilterDataNotExistError,
+        FilterDataNotLatestError,
+        TransactionShouldCommitError,
+        TransactionShouldRollbackError,
+        TransactionStateUnknowError,
+        TransactionStateGroupWrongError,
+        NoBuyerIdError,
+        NotInCurrentUnitError,
+        ConsumerNotOnlineError,
+        ConsumeMsgTimeoutError,
+        NoMessageError,
+        FlowControlError,
     )
-    _ERROR_BY_CODE[int(_code)] = _cls
-    globals()[_cls.__name__] = _cls
+}
 
 
 def error_for_code(code: int, remark: str | None = None) -> BrokerError:

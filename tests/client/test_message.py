@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import array
+import dataclasses
+import mmap
+
 import pytest
 
 from tidemq.client.api import decode_pull_response
@@ -39,6 +43,38 @@ def test_message_normalises_keys():
     assert Message("T", b"x", keys=["a"]).keys == ("a",)
     with pytest.raises(ValueError, match="delay_level"):
         Message("T", b"x", delay_level=-1)
+
+
+def test_message_body_is_bytes_or_utf8_str():
+    assert Message("T", b"raw").body == b"raw"
+    assert Message("T", "h\u00e9llo").body == "h\u00e9llo".encode()
+    assert Message("T", bytearray(b"ab")).body == b"ab"
+    assert type(Message("T", memoryview(b"ab")).body) is bytes
+    # Before issue 16, bytes(5) made five zero bytes and bytes([1]) a one-byte body.
+    for wrong in (5, None, [1], {"a": 1}, 1.5):
+        with pytest.raises(TypeError, match=r"Message body must be bytes or str \(sent as UTF-8\)"):
+            Message("T", wrong)  # type: ignore[arg-type]
+
+
+def test_message_body_takes_any_buffer():
+    """array.array, mmap, NumPy arrays... were taken through bytes(x) before the TypeError for
+    ints: anything with the buffer protocol still is, as its raw bytes."""
+    numbers = array.array("i", [1, -2, 3])
+    assert Message("T", numbers).body == numbers.tobytes()
+    assert Message("T", memoryview(b"abcdef")[::2]).body == b"ace"  # not contiguous
+    with mmap.mmap(-1, 4) as mapped:
+        mapped.write(b"page")
+        assert Message("T", mapped).body == b"page"
+    # closing the map above would raise BufferError had the message kept a view of it
+
+
+def test_message_keeps_dataclass_behaviour():
+    message = Message("T", "x", tags="A", keys="k1 k2", properties={"a": "1"})
+    assert message == Message("T", b"x", tags="A", keys=["k1", "k2"], properties={"a": "1"})
+    assert dataclasses.replace(message, topic="U").keys == ("k1", "k2")
+    assert "topic='T'" in repr(message)
+    with pytest.raises(ValueError, match="delay_level"):
+        Message("T", b"", delay_level=-1)
 
 
 def test_message_ext_from_stored_uses_uniq_key_and_inflates():

@@ -22,7 +22,7 @@ from tidemq.cli.main import main as cli_main
 from tidemq.client.blocking import BlockingTransactionProducer
 from tidemq.client.message import Message, MessageExt, SendStatus
 from tidemq.client.transaction import LocalTransactionState, TransactionProducer
-from tidemq.errors import BrokerError
+from tidemq.errors import NoPermissionError
 from tidemq.protocol import message as pm
 from tidemq.protocol import record as rec
 from tidemq.protocol.bodies_client import HeartbeatData, ProducerData
@@ -304,16 +304,27 @@ async def test_flush_timeout_status_means_rollback_without_the_listener(cluster:
     await eventually(lambda: stats(cluster.brokers[0])["rolled_back"] == 1)
 
 
-async def test_failed_half_send_is_rollback_without_the_listener(cluster: Any) -> None:
-    # A real refusal: the broker is configured to reject transactional messages.
+async def test_failed_half_send_raises_as_send_does_without_the_listener(cluster: Any) -> None:
+    # A real refusal: the broker is configured to reject transactional messages. `send` raises
+    # such a refusal, so send_message_in_transaction does too (issue 16): a caller that only
+    # looked at local_transaction_state used to see ROLLBACK_MESSAGE and carry on.
     broker = await cluster.restart_broker(0, **SETTINGS, rejectTransactionMessage="true")
     listener = Listener(COMMIT)
     async with producer(cluster, listener) as p:
-        result = await p.send_message_in_transaction(Message(TOPIC, b"x"))
-    assert result.local_transaction_state is ROLLBACK
-    assert result.send_result is None
-    assert isinstance(result.error, BrokerError)
-    assert result.error.response_code == ResponseCode.NO_PERMISSION
+        with pytest.raises(NoPermissionError) as refused:
+            await p.send_message_in_transaction(Message(TOPIC, b"x"))
+        assert refused.value.response_code == ResponseCode.NO_PERMISSION
+        # The step API still reports it, for callers that retry or decide themselves.
+        half = await p.send_half(Message(TOPIC, b"y"))
+        assert half.send_result is None
+        assert isinstance(half.error, NoPermissionError)
+
+    def blocking() -> None:
+        with BlockingTransactionProducer(GROUP, cluster.namesrv_addr, listener=listener) as b:
+            b.send_message_in_transaction(Message(TOPIC, b"z"))
+
+    with pytest.raises(NoPermissionError):
+        await asyncio.to_thread(blocking)
     assert listener.executed == []
     assert stats(broker)["prepared"] == 0
 

@@ -23,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from tidemq.broker.access import NO_ACL, AccessGate, BrokerAcl, inner_signer
 from tidemq.broker.clients import ClientRegistry, ConsumerIdsNotifier, QueueLockTable
-from tidemq.broker.config import BrokerConfig
+from tidemq.broker.config import BrokerConfig, StorePathError
 from tidemq.broker.durability import Durability
 from tidemq.broker.flush import FlushService
 from tidemq.broker.groups import SubscriptionGroupTable
@@ -232,6 +233,7 @@ class BrokerApp:
             config.broker_id,
             config.store_path_root_dir,
         )
+        check_store_root(config.store_path_root_dir)
         # Recovery may scan a lot of log: keep the loop responsive (nothing else runs yet).
         await asyncio.to_thread(self.store.start)
         try:
@@ -548,3 +550,18 @@ class BrokerApp:
                 log.exception("could not persist %s at shutdown", type(table).__name__)
         if self._namesrv_client is not None:
             await self._namesrv_client.close()
+
+
+def check_store_root(root: Path) -> None:
+    """storePathRootDir exists (created if missing) and is a directory this process can write:
+    checked before the store opens it, so an unusable path is one error naming the setting.
+
+    Raises:
+        StorePathError: it is not.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorePathError(root, exc.strerror or str(exc)) from exc
+    if not os.access(root, os.W_OK | os.X_OK):  # also EROFS: a read-only file system
+        raise StorePathError(root, "not writable by this user")

@@ -8,6 +8,7 @@ field names carry their units (`flush_interval_ms`, `file_reserved_time_hours`).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
@@ -71,6 +72,17 @@ _PERM_ALL: Final = 0xF
 
 class ConfigError(QueueError, ValueError):
     """A configuration value or combination that the broker cannot run with."""
+
+
+class StorePathError(ConfigError):
+    """storePathRootDir cannot be created or written (found when the broker starts)."""
+
+    def __init__(self, root: Path, why: str) -> None:
+        super().__init__(
+            f"storePathRootDir={str(root)!r}: {why}: set storePathRootDir (--data-dir) to a"
+            " directory this user can create and write"
+        )
+        self.root = root
 
 
 def _bad(key: str, value: object, why: str) -> ConfigError:
@@ -222,6 +234,14 @@ class BrokerConfig:
             raise _bad("listenPort", self.listen_port, "must be a TCP port (0 picks a free one)")
         if self.vip_channel_enabled and 0 < self.listen_port <= VIP_CHANNEL_PORT_OFFSET:
             raise _bad("listenPort", self.listen_port, "leaves no room for the VIP port (port-2)")
+        try:
+            ipaddress.IPv4Address(self.broker_ip)
+        except ValueError:
+            raise _bad(
+                "brokerIP1",
+                self.broker_ip,
+                "must be an IPv4 address (clients dial it; stored messages carry it as storeHost)",
+            ) from None
         if not 0 <= self.broker_permission <= _PERM_ALL:
             raise _bad("brokerPermission", self.broker_permission, "must be 0..15")
 
@@ -545,6 +565,10 @@ def parse_inner_credentials(text: str) -> Credentials:
 
 
 def _check_addr(key: str, addr: str) -> None:
+    if "," in addr:
+        # RocketMQ's separator is ';': "a:1,b:2" would parse as host "a:1,b" and never connect.
+        fixed = ";".join(part.strip() for part in addr.split(","))
+        raise ConfigError(f"{key}={addr!r}: separate addresses with ';', not ',' ({fixed})")
     host, sep, port = addr.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
         raise ConfigError(f"{key}={addr!r}: expected host:port")

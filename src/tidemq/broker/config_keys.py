@@ -114,7 +114,14 @@ KEYS: Final[tuple[ConfigKey, ...]] = (
         render=_render_addrs,
     ),
     ConfigKey("listenHost", "listen_host", _parse_str, "Address to bind (TideMQ extension)."),
-    ConfigKey("listenPort", "listen_port", parse_int, "Client port; 0 picks a free port."),
+    ConfigKey(
+        "listenPort",
+        "listen_port",
+        parse_int,
+        "Client port; 0 picks a free port. The broker also binds listenPort-2 (the VIP channel,"
+        " unless vipChannelEnabled=false) and, with haSecret, listenPort+1 (HA; haListenPort"
+        " moves it).",
+    ),
     ConfigKey(
         "vipChannelEnabled",
         "vip_channel_enabled",
@@ -131,7 +138,7 @@ KEYS: Final[tuple[ConfigKey, ...]] = (
         "storePathRootDir",
         "store_path_root_dir",
         parse_path,
-        "Store directory: commitlog/, consumequeue/, index/, config/.",
+        "Store directory: commitlog/, consumequeue/, index/, config/ (default ~/store).",
     ),
     ConfigKey(
         "flushDiskType",

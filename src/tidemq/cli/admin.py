@@ -1,8 +1,12 @@
-"""Admin verbs: topic, cluster, send, consume, message, group (`cluster list` is cli/cluster.py).
+"""Admin verbs: topic, cluster, send, consume, message, group (`cluster list` is cli/cluster.py,
+`message query` and `group progress` cli/lookup.py).
 
 Thin: each verb parses flags, calls the blocking client (`tidemq.client.blocking`) and prints a
-table or a line. Errors from the cluster are printed as one line with their response code and the
-verb exits 1, so scripts can branch on it.
+table or a line. Errors from the cluster are printed as one line and the verb exits 1, so scripts
+can branch on it; cli/hints.py words the ones a newcomer meets (a missing topic, -n at a broker).
+
+`send` takes user properties (-p k=v), a delay level or a delivery time; `consume` a tag
+expression (-e) or a SQL92 filter on those properties (--sql, brokers with enablePropertyFilter).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import time
 from typing import Any
 
 from tidemq.cli import cluster as cli_cluster
-from tidemq.cli import dlq
+from tidemq.cli import dlq, lookup
 from tidemq.cli.credentials import add_options, credentials_of
+from tidemq.cli.hints import fail, property_pair, time_ms
+from tidemq.cli.lookup import print_message
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.errors import QueueError
@@ -90,6 +96,27 @@ def _add_parsers_send(verbs: Any, namesrv_default: str) -> None:
     send.add_argument("-k", "--keys", default=None, help="space-separated keys")
     send.add_argument("-c", "--count", type=int, default=1, help="send the body this many times")
     send.add_argument("-g", "--group", default="TIDEMQ_CLI_PRODUCER", help="producer group")
+    send.add_argument(
+        "-p",
+        "--property",
+        type=property_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a user property (repeat for more); consumers can select on it with --sql",
+    )
+    when = send.add_mutually_exclusive_group()
+    when.add_argument(
+        "--delay-level", type=int, default=0, metavar="N", help="delay level 1..18 (1 s ... 2 h)"
+    )
+    when.add_argument(
+        "--deliver-at",
+        type=time_ms,
+        default=None,
+        metavar="TIME",
+        help="deliver at this time: ms since the epoch or a date-time such as "
+        "2026-11-25T10:00 (local) or 2026-11-25T10:00Z",
+    )
     send.set_defaults(run=run_send)
 
 
@@ -99,7 +126,17 @@ def _add_parsers_consume(verbs: Any, namesrv_default: str) -> None:
     )
     consume.add_argument("-t", "--topic", required=True)
     consume.add_argument("-g", "--group", default="TIDEMQ_CLI_CONSUMER")
-    consume.add_argument("-e", "--expression", default="*", help="tag expression, e.g. 'A || B'")
+    selected_by = consume.add_mutually_exclusive_group()
+    selected_by.add_argument(
+        "-e", "--expression", default="*", help="tag expression, e.g. 'A || B'"
+    )
+    selected_by.add_argument(
+        "--sql",
+        default=None,
+        metavar="EXPR",
+        help="SQL92 filter on properties, e.g. \"a > 5 AND region = 'eu'\" "
+        "(brokers need enablePropertyFilter=true)",
+    )
     consume.add_argument("-c", "--count", type=int, default=None, help="stop after this many")
     consume.add_argument(
         "--from-beginning",
@@ -119,13 +156,17 @@ def _add_parsers_message(verbs: Any, namesrv_default: str) -> None:
     message = _verb(verbs, "message", "look messages up")
     actions = message.add_subparsers(dest="action", required=True)
     query = _with_namesrv(
-        actions.add_parser("query", help="by key or by offset message id"), namesrv_default
+        actions.add_parser("query", help="by key or by message id"), namesrv_default
     )
-    query.add_argument("-t", "--topic", help="topic (needed with --key)")
+    query.add_argument(
+        "-t", "--topic", help="topic (needed with --key; with --id a msgId is looked up faster)"
+    )
     found_by = query.add_mutually_exclusive_group(required=True)
     found_by.add_argument("-k", "--key")
-    found_by.add_argument("-i", "--id", help="offsetMsgId as returned by a send")
-    query.set_defaults(run=run_message_query)
+    found_by.add_argument(
+        "-i", "--id", help="the msgId or the offsetMsgId that send and consume print"
+    )
+    query.set_defaults(run=lookup.run_message_query)
 
 
 def _add_parsers_group(verbs: Any, namesrv_default: str) -> None:
@@ -134,7 +175,7 @@ def _add_parsers_group(verbs: Any, namesrv_default: str) -> None:
     progress = _with_namesrv(actions.add_parser("progress", help="lag per queue"), namesrv_default)
     progress.add_argument("-g", "--group", required=True)
     progress.add_argument("-t", "--topic", default=None)
-    progress.set_defaults(run=run_group_progress)
+    progress.set_defaults(run=lookup.run_group_progress)
     dlq.add_group_actions(actions, namesrv_default=namesrv_default)  # reset-offset
 
 
@@ -142,11 +183,6 @@ def _admin(args: argparse.Namespace) -> Any:
     from tidemq.client.blocking import BlockingAdmin
 
     return BlockingAdmin(args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args))
-
-
-def _fail(error: QueueError) -> int:
-    print(f"tidemq: {error}", file=sys.stderr)
-    return 1
 
 
 def run_topic_create(args: argparse.Namespace) -> int:
@@ -162,7 +198,7 @@ def run_topic_create(args: argparse.Namespace) -> int:
                 order=args.order,
             )
     except QueueError as error:
-        return _fail(error)
+        return fail(error, args)
     print(f"topic {args.topic} created on {', '.join(addrs)}")
     return 0
 
@@ -172,7 +208,7 @@ def run_topic_list(args: argparse.Namespace) -> int:
         with _admin(args) as admin:
             topics = admin.topic_list()
     except QueueError as error:
-        return _fail(error)
+        return fail(error, args)
     for name in topics:
         print(name)
     return 0
@@ -183,7 +219,7 @@ def run_topic_route(args: argparse.Namespace) -> int:
         with _admin(args) as admin:
             route = admin.topic_route(args.topic)
     except QueueError as error:
-        return _fail(error)
+        return fail(error, args)
     rows = [["BROKER", "ADDRESSES", "READ", "WRITE", "PERM"]]
     addresses = {b.broker_name: b.broker_addrs for b in route.broker_datas}
     for queue in sorted(route.queue_datas, key=lambda q: q.broker_name):
@@ -208,7 +244,7 @@ def run_topic_stats(args: argparse.Namespace) -> int:
         with _admin(args) as admin:
             stats = admin.topic_stats(args.topic)
     except QueueError as error:
-        return _fail(error)
+        return fail(error, args)
     rows = [["BROKER", "QUEUE", "MIN", "MAX", "LAST UPDATE"]]
     for queue, offset in stats.offset_table.items():
         rows.append(
@@ -231,25 +267,42 @@ def run_send(args: argparse.Namespace) -> int:
     body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
     keys = tuple(args.keys.split()) if args.keys else ()
     try:
+        message = Message(
+            args.topic,
+            body,
+            tags=args.tags,
+            keys=keys,
+            properties=dict(args.property),
+            delay_level=args.delay_level,
+            deliver_time_ms=args.deliver_at,
+        )
+    except ValueError as error:
+        print(f"tidemq: {error}", file=sys.stderr)
+        return 2
+    try:
         with BlockingProducer(
             args.group, args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
         ) as producer:
             for _ in range(args.count):
-                result = producer.send(Message(args.topic, body, tags=args.tags, keys=keys))
+                result = producer.send(message)
                 queue = result.message_queue
                 print(
                     f"{result.status.name} msgId={result.msg_id} offsetMsgId={result.offset_msg_id}"
                     f" queue={queue.broker_name}:{queue.queue_id} offset={result.queue_offset}"
                 )
     except QueueError as error:
-        return _fail(error)
+        return fail(error, args)
     return 0
 
 
 def run_consume(args: argparse.Namespace) -> int:
     from tidemq.client.blocking import BlockingPullConsumer
     from tidemq.client.message import PullStatus
+    from tidemq.client.selector import MessageSelector
 
+    selector = (
+        MessageSelector.by_sql(args.sql) if args.sql else MessageSelector.by_tag(args.expression)
+    )
     received = skipped = 0
     try:
         with BlockingPullConsumer(
@@ -266,7 +319,7 @@ def run_consume(args: argparse.Namespace) -> int:
             while args.count is None or received < args.count:
                 progressed = False
                 for queue in queues:
-                    result = consumer.pull(queue, args.expression, offsets[queue], 32)
+                    result = consumer.pull(queue, selector, offsets[queue], 32)
                     # Undecodable records are skipped (the offset moves past them), not fatal.
                     for bad in result.undecodable:
                         skipped += 1
@@ -280,7 +333,7 @@ def run_consume(args: argparse.Namespace) -> int:
                             break
                         received += 1
                         offsets[queue] = message.queue_offset + 1
-                        _print_message(message)
+                        print_message(message)
                     else:
                         offsets[queue] = result.next_begin_offset
                     progressed |= result.status is PullStatus.FOUND
@@ -292,63 +345,9 @@ def run_consume(args: argparse.Namespace) -> int:
                 else:
                     time.sleep(0.05)  # polling a CLI loop; long polling serves real consumers
     except QueueError as error:
-        return _fail(error)
+        return fail(error, args)
     summary = f", {skipped} undecodable skipped" if skipped else ""
     print(f"{received} message(s){summary}", file=sys.stderr)
-    return 0
-
-
-def _print_message(message: Any) -> None:
-    body = message.body.decode("utf-8", errors="replace")
-    print(
-        f"[{message.broker_name}:{message.queue_id}@{message.queue_offset}] "
-        f"msgId={message.msg_id} tags={message.tags or ''} keys={' '.join(message.keys)} {body}"
-    )
-
-
-def run_message_query(args: argparse.Namespace) -> int:
-    try:
-        with _admin(args) as admin:
-            if args.id:
-                messages = [admin.view_message(args.id)]
-            else:
-                if not args.topic:
-                    print("tidemq: --key needs --topic", file=sys.stderr)
-                    return 2
-                messages = admin.query_message_by_key(args.topic, args.key)
-    except QueueError as error:
-        return _fail(error)
-    for message in messages:
-        _print_message(message)
-    if not messages:
-        print("no message found", file=sys.stderr)
-        return 1
-    return 0
-
-
-def run_group_progress(args: argparse.Namespace) -> int:
-    try:
-        with _admin(args) as admin:
-            stats = admin.consume_stats(args.group, args.topic)
-    except QueueError as error:
-        return _fail(error)
-    rows = [["TOPIC", "BROKER", "QUEUE", "BROKER OFFSET", "CONSUMER OFFSET", "LAG"]]
-    total = 0
-    for queue, offset in stats.offset_table.items():
-        lag = max(0, offset.broker_offset - max(offset.consumer_offset, 0))
-        total += lag
-        rows.append(
-            [
-                queue.topic,
-                queue.broker_name,
-                str(queue.queue_id),
-                str(offset.broker_offset),
-                str(offset.consumer_offset),
-                str(lag),
-            ]
-        )
-    print_table(rows)
-    print(f"total lag: {total}")
     return 0
 
 

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from tidemq.cli.credentials import add_options, credentials_of
+from tidemq.cli.hints import fail
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.client.admin import Admin
@@ -239,7 +239,6 @@ def run_cluster_list(args: argparse.Namespace) -> int:
             _list(args.namesrv_addr, args.timeout_ms, credentials_of(args), tls_of(args))
         )
     except QueueError as error:
-        print(f"tidemq: {error}", file=sys.stderr)
-        return 1
+        return fail(error, args)
     print_table(cluster_rows(answers))
     return 0

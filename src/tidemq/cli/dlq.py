@@ -3,7 +3,8 @@
     tidemq dlq list   -g GROUP [-n NAMESRV] [--limit N]
         QUEUE  OFFSET  TOPIC  RECONSUMED  STORED  ORIGIN MSGID  RESENT  BODY
     tidemq dlq resend -g GROUP [-n NAMESRV] [--count N]
-    tidemq group reset-offset -g GROUP -t TOPIC (--to-time MS | --to-earliest | --to-latest)
+    tidemq group reset-offset -g GROUP -t TOPIC (--to-time TIME | --to-earliest | --to-latest)
+        TIME: ms since the epoch or an ISO date-time, local unless it says Z or +hh:mm
 
 Dead letters of a group live in `%DLQ%<group>` (broker/handlers/send_back.py), each with its
 original topic in RETRY_TOPIC and its first msgId in ORIGIN_MESSAGE_ID. `resend` sends each to
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from tidemq.cli.credentials import add_options, credentials_of
+from tidemq.cli.hints import fail, time_ms
+from tidemq.cli.lookup import online
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.client import api
@@ -42,9 +45,8 @@ from tidemq.client.route_cache import master_addresses, subscribe_queues
 from tidemq.errors import BrokerError, QueueError
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
-from tidemq.protocol.codes import RequestCode, ResponseCode
-from tidemq.protocol.frame import RemotingCommand
-from tidemq.protocol.headers import GetConsumerListByGroupRequestHeader, PullSysFlag
+from tidemq.protocol.codes import ResponseCode
+from tidemq.protocol.headers import PullSysFlag
 
 # The pull group the tool reads dead letters with (never GROUP itself, see the docstring).
 READER_GROUP: Final = "TIDEMQ_CLI_DLQ_READER"
@@ -103,7 +105,12 @@ def add_group_actions(group_actions: Any, *, namesrv_default: str) -> None:
     _common(reset, namesrv_default)
     reset.add_argument("-t", "--topic", required=True)
     to = reset.add_mutually_exclusive_group(required=True)
-    to.add_argument("--to-time", type=int, metavar="MS", help="ms since the epoch")
+    to.add_argument(
+        "--to-time",
+        type=time_ms,
+        metavar="TIME",
+        help="ms since the epoch or a date-time: 2026-11-25T10:00 (local), 2026-11-25T10:00Z",
+    )
     to.add_argument("--to-earliest", action="store_true", help="each queue's first offset")
     to.add_argument("--to-latest", action="store_true", help="each queue's end (skip all)")
     reset.add_argument("--force", action="store_true", help="even while consumers are online")
@@ -120,12 +127,11 @@ def _common(parser: argparse.ArgumentParser, namesrv_default: str) -> argparse.A
     return parser
 
 
-def _run(coro: Coroutine[Any, Any, int]) -> int:
+def _run(coro: Coroutine[Any, Any, int], args: argparse.Namespace) -> int:
     try:
         result: int = asyncio.run(coro)
     except QueueError as error:
-        print(f"tidemq: {error}", file=sys.stderr)
-        return 1
+        return fail(error, args)
     return result
 
 
@@ -282,26 +288,14 @@ async def _resend(args: argparse.Namespace) -> int:
 
 
 def run_dlq_list(args: argparse.Namespace) -> int:
-    return _run(_list(args))
+    return _run(_list(args), args)
 
 
 def run_dlq_resend(args: argparse.Namespace) -> int:
-    return _run(_resend(args))
+    return _run(_resend(args), args)
 
 
 # -- offsets --------------------------------------------------------------------------------
-
-
-async def _online(admin: Admin, group: str, addrs: list[str]) -> bool:
-    header = GetConsumerListByGroupRequestHeader(consumer_group=group)
-    for addr in addrs:
-        cmd = RemotingCommand(
-            code=RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields=header.to_fields()
-        )
-        response = await admin.instance.remoting.invoke(addr, cmd, admin.timeout_ms)
-        if response.code == ResponseCode.SUCCESS:  # a group without members is an error answer
-            return True
-    return False
 
 
 async def _reset(args: argparse.Namespace) -> int:
@@ -309,7 +303,7 @@ async def _reset(args: argparse.Namespace) -> int:
         args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
     ) as admin:
         route = await admin.topic_route(args.topic)
-        if not args.force and await _online(
+        if not args.force and await online(
             admin, args.group, sorted(master_addresses(route).values())
         ):
             print(
@@ -335,4 +329,4 @@ async def _reset(args: argparse.Namespace) -> int:
 
 
 def run_group_reset_offset(args: argparse.Namespace) -> int:
-    return _run(_reset(args))
+    return _run(_reset(args), args)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tidemq.broker.app import BrokerApp
-from tidemq.broker.config import BrokerConfig
+from tidemq.broker.config import BrokerConfig, StorePathError
 from tidemq.broker.config_file import load_broker_config, render_config
 from tidemq.broker.failover import ControlledBroker
 from tidemq.broker.tls_setup import check_tls_files
@@ -34,7 +34,7 @@ from tidemq.cli import tls_options
 from tidemq.clock import SystemClock
 from tidemq.namesrv.app import NamesrvApp
 from tidemq.namesrv.config import NamesrvConfig
-from tidemq.remoting.acceptor import raise_open_files_limit
+from tidemq.remoting.acceptor import ListenError, raise_open_files_limit
 from tidemq.remoting.caps import (
     CONNECTIONS_MAX_DEFAULT,
     CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
@@ -93,7 +93,13 @@ def add_parsers(verbs: Any) -> None:
 
     dev = verbs.add_parser("dev", help="name server + broker in one process, for development")
     dev.add_argument("--namesrv-port", type=int, default=9876)
-    dev.add_argument("--broker-port", type=int, default=10911)
+    dev.add_argument(
+        "--broker-port",
+        type=int,
+        default=10911,
+        help="the broker's port (default 10911); it also binds port-2 (the VIP channel) and,"
+        " with --slave, port+1 (HA)",
+    )
     dev.add_argument("--data-dir", type=Path, default=Path("data"))
     dev.add_argument(
         "--slave",
@@ -121,7 +127,12 @@ def add_parsers(verbs: Any) -> None:
 
 def _add_broker_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namesrv-addr", help="name servers, ';'-separated (namesrvAddr)")
-    parser.add_argument("--port", type=int, help="listen port (listenPort)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        help="listen port (listenPort); the broker also binds port-2 (the VIP channel, unless"
+        " vipChannelEnabled=false) and, with haSecret, port+1 (HA; haListenPort moves it)",
+    )
     parser.add_argument("--data-dir", type=Path, help="store root (storePathRootDir)")
     parser.add_argument("--broker-name", help="brokerName")
     parser.add_argument(
@@ -216,8 +227,7 @@ def run_namesrv(args: argparse.Namespace) -> int:
     except (AclFileError, TlsConfigError) as exc:
         print(f"tidemq namesrv: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(app))
-    return 0
+    return _run("namesrv", [app], {args.port: ": choose another --port"})
 
 
 def run_broker(args: argparse.Namespace) -> int:
@@ -236,15 +246,12 @@ def run_broker(args: argparse.Namespace) -> int:
         print(f"tidemq broker: {exc}", file=sys.stderr)
         return 2
     _start_process()
-    try:
-        if config.enable_controller_mode:  # the controller decides the role (broker/failover.py)
-            asyncio.run(_serve(ControlledBroker(config, SystemClock())))
-        else:
-            asyncio.run(_serve(BrokerApp(config, SystemClock())))
-    except StoreLockedError as exc:  # another broker owns the store: one line, nothing touched
-        print(f"tidemq broker: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    app: Any
+    if config.enable_controller_mode:  # the controller decides the role (broker/failover.py)
+        app = ControlledBroker(config, SystemClock())
+    else:
+        app = BrokerApp(config, SystemClock())
+    return _run("broker", [app], broker_port_hints(config, "--port"))
 
 
 def _check_acl_file(config: BrokerConfig) -> None:
@@ -337,12 +344,50 @@ def run_dev(args: argparse.Namespace) -> int:
         clock,
     )
     log.info("tidemq dev: %s, data in %s", _dev_addresses(args.namesrv_port, configs), data_dir)
+    hints = {args.namesrv_port: ": choose another --namesrv-port"}
+    for config, flag in zip(configs, ("--broker-port", "--slave-port"), strict=False):
+        hints.update(broker_port_hints(config, flag))
+    return _run("dev", [namesrv, *(BrokerApp(config, clock) for config in configs)], hints)
+
+
+def _run(verb: str, apps: list[Any], port_hints: Mapping[int, str]) -> int:
+    """Serve `apps` until Ctrl-C; what stops a start is one line on stderr and exit status 1:
+    a port that cannot be bound (with the setting that chose it), an unusable store directory,
+    a store another broker holds (nothing was touched)."""
     try:
-        asyncio.run(_serve(namesrv, *(BrokerApp(config, clock) for config in configs)))
-    except StoreLockedError as exc:  # another broker owns the store: one line, nothing touched
-        print(f"tidemq dev: {exc}", file=sys.stderr)
+        asyncio.run(_serve(*apps))
+    except ListenError as exc:
+        print(f"tidemq {verb}: {listen_error_line(exc, port_hints)}", file=sys.stderr)
+        return 1
+    except (StoreLockedError, StorePathError) as exc:
+        print(f"tidemq {verb}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def listen_error_line(exc: ListenError, port_hints: Mapping[int, str]) -> str:
+    """ "port 10909 is in use (the VIP channel port, listenPort-2): choose ..." """
+    hint = port_hints.get(exc.port)
+    if hint is None:
+        return str(exc)
+    state = "is in use" if exc.in_use else f"cannot be bound ({exc.strerror})"
+    return f"port {exc.port} on {exc.host} {state}{hint}"
+
+
+def broker_port_hints(config: BrokerConfig, port_flag: str) -> dict[int, str]:
+    """What to change when one of a broker's ports cannot be bound, by port (`port_flag`: the
+    command-line flag that sets listenPort)."""
+    listen = f"choose another listenPort ({port_flag})"
+    hints = {config.listen_port: f": {listen}"}
+    if config.vip_port is not None:
+        hints[config.vip_port] = (
+            f" (the VIP channel port, listenPort-2): {listen}, or --set vipChannelEnabled=false"
+        )
+    if config.ha_listen_port:
+        hints[config.ha_listen_port] = " (the HA port): choose another haListenPort"
+    elif config.ha_port:
+        hints[config.ha_port] = f" (the HA port, listenPort+1): {listen}, or set haListenPort"
+    return hints
 
 
 def _dev_namesrv_tls(config: BrokerConfig) -> TlsServerSettings | None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from typing import Any
 
 import orjson
 
 from tidemq.cli.credentials import add_options, credentials_of
+from tidemq.cli.hints import fail
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.client.admin import Admin
@@ -85,8 +85,7 @@ def run_tx_list(args: argparse.Namespace) -> int:
     try:
         answers = asyncio.run(_ask(args, RequestCode.TIDEMQ_TX_LIST, {"limit": str(args.limit)}))
     except QueueError as error:
-        print(f"tidemq: {error}", file=sys.stderr)
-        return 1
+        return fail(error, args)
     rows = [["BROKER", "TOPIC", "GROUP", "STATE", "AGE", "CHECKS", "KEY"]]
     shown = total = 0
     for addr, body in answers:
@@ -113,8 +112,7 @@ def run_tx_stats(args: argparse.Namespace) -> int:
     try:
         answers = asyncio.run(_ask(args, RequestCode.TIDEMQ_TX_STATS, {}))
     except QueueError as error:
-        print(f"tidemq: {error}", file=sys.stderr)
-        return 1
+        return fail(error, args)
     rows = [["BROKER", *(title for title, _ in STATS_COLUMNS)]]
     for addr, body in answers:
         rows.append([addr, *(str(body.get(key, 0)) for _, key in STATS_COLUMNS)])

@@ -47,6 +47,7 @@ from .message import MessageExt, PullResult
 from .pull_answer import decode_pull_response
 from .read_route import BrokerTarget
 from .route_cache import MASTER_ID
+from .selector import MessageSelector
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +96,12 @@ async def pull(
     timeout_ms: float,
     sub_version: int = 0,
     broker_id: int = MASTER_ID,
+    expression_type: str = pm.EXPRESSION_TYPE_TAG,
 ) -> PullResult:
     """PULL_MESSAGE from the broker of `mq`'s group the read router picks, preferring
     `broker_id` (the queue's last suggestWhichBrokerId). A pull sent to a slave has its
     COMMIT_OFFSET flag cleared: slaves take offsets from explicit commits only (as upstream).
+    The client re-checks tags of a TAG `expression`; a SQL92 one is the broker's alone.
     """
     target = instance.reads.target(mq.broker_name, broker_id)
     if target.is_slave:
@@ -114,9 +117,9 @@ async def pull(
         suspend_timeout_millis=suspend_ms,
         subscription=expression,
         sub_version=sub_version,
-        expression_type=pm.EXPRESSION_TYPE_TAG,
+        expression_type=expression_type,
     )
-    tag_filter = pm.parse_tag_expression(expression)
+    tag_filter = MessageSelector(expression_type, expression).tag_filter()
     cmd = RemotingCommand(code=RequestCode.PULL_MESSAGE, ext_fields=header.to_fields())
     response = await invoke_read(instance, target, cmd, timeout_ms)
     result = decode_pull_response(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, Self, TypeVar
 
 from tidemq.protocol.bodies import (
@@ -26,9 +26,12 @@ from tidemq.protocol.bodies import (
 )
 
 from .admin import Admin
+from .consumer import PushConsumer
+from .listener import Listener
 from .message import Message, MessageExt, PullResult, SendResult
 from .producer import Producer
 from .pull_consumer import PullConsumer
+from .selector import Selectable
 from .transaction import (
     LocalTransactionState,
     TransactionListener,
@@ -52,7 +55,14 @@ class _LoopThread:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("blocking client called from its own event loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            # Ctrl-C (or any exception) in the waiting thread: the call is abandoned, so it is
+            # cancelled on the loop rather than left to finish unseen (a no-op once done).
+            future.cancel()
+            raise
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -140,6 +150,8 @@ class BlockingTransactionProducer(BlockingProducer):
         self, message: Message, arg: Any = None
     ) -> TransactionSendResult:
         half = self._run(self.producer.send_half(message))
+        if half.error is not None:
+            raise half.error  # as the asyncio producer's send_message_in_transaction
         state, remark = LocalTransactionState.ROLLBACK_MESSAGE, None
         if half.run_local:
             result: Any = None
@@ -164,11 +176,13 @@ class BlockingPullConsumer(_BlockingBase):
     def fetch_subscribe_message_queues(self, topic: str) -> list[MessageQueue]:
         return self._run(self.consumer.fetch_subscribe_message_queues(topic))
 
-    def pull(self, mq: MessageQueue, expression: str, offset: int, max_nums: int) -> PullResult:
+    def pull(
+        self, mq: MessageQueue, expression: Selectable, offset: int, max_nums: int
+    ) -> PullResult:
         return self._run(self.consumer.pull(mq, expression, offset, max_nums))
 
     def pull_block_if_not_found(
-        self, mq: MessageQueue, expression: str, offset: int, max_nums: int, **options: Any
+        self, mq: MessageQueue, expression: Selectable, offset: int, max_nums: int, **options: Any
     ) -> PullResult:
         return self._run(
             self.consumer.pull_block_if_not_found(mq, expression, offset, max_nums, **options)
@@ -188,6 +202,79 @@ class BlockingPullConsumer(_BlockingBase):
 
     def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
         return self._run(self.consumer.search_offset(mq, timestamp_ms))
+
+
+def _loop_owner() -> tuple[str, int]:
+    """Whose loop a blocking caller runs: its thread's (MessageStream keys loops by owner)."""
+    return ("thread", threading.get_ident())
+
+
+class BlockingPushConsumer(_BlockingBase):
+    """`PushConsumer` with blocking methods, for scripts: with a listener (a plain function
+    runs on the consumer's thread pool), or iterated without one:
+
+        with BlockingPushConsumer("CG", addr, subscriptions={"Orders": "*"}) as consumer:
+            for message in consumer:          # or consumer.iterate(idle_timeout_s=5)
+                print(message.body)
+
+    A message counts as consumed once the loop asks for the next one, a new loop starts in the
+    same thread, or the `with` block ends normally; if the block raises (Ctrl-C included), the
+    message the loop was on goes back for a retry. Leaving the block settles only the loop of the
+    thread leaving it: another thread's message is not committed (client/iterate.py). Keyword
+    arguments are PushConsumer's.
+    """
+
+    def __init__(self, group: str, namesrv_addr: str | Sequence[str], **options: Any) -> None:
+        super().__init__(
+            f"tidemq-push-{group}", lambda: PushConsumer(group, namesrv_addr, **options)
+        )
+        self.consumer: PushConsumer = self._client
+
+    def subscribe(self, topic: str, expression: Selectable = "*") -> None:
+        async def subscribe() -> None:
+            self.consumer.subscribe(topic, expression)
+
+        self._run(subscribe())
+
+    def register_listener(self, listener: Listener) -> None:
+        self.consumer.register_listener(listener)
+
+    def __exit__(self, *exc_info: object) -> None:
+        owner = _loop_owner()  # this thread's loop only: others may be mid-body (iterate.py)
+
+        async def settle() -> None:
+            if self.consumer.stream is not None:
+                self.consumer.stream.settle(owner, ok=not exc_info or exc_info[0] is None)
+
+        try:
+            if not self._closed:
+                self._run(settle())
+        finally:
+            self.shutdown()
+
+    def __iter__(self) -> Iterator[MessageExt]:
+        return self.iterate()
+
+    def iterate(self, *, idle_timeout_s: float | None = None) -> Iterator[MessageExt]:
+        """The messages, one at a time; ends at shutdown, or once none has come for
+        `idle_timeout_s` seconds."""
+        owner = _loop_owner()
+
+        async def started() -> None:
+            self.consumer.stream_to_read().loop_started(owner)
+
+        async def receive() -> MessageExt | None:
+            stream = self.consumer.stream_to_read()
+            try:
+                async with asyncio.timeout(idle_timeout_s):
+                    return await stream.next(owner)
+            except (TimeoutError, StopAsyncIteration):
+                return None
+
+        self._run(started())
+        # Another thread may shut the consumer down while this one is in its loop body.
+        while not self._closed and (message := self._run(receive())) is not None:
+            yield message
 
 
 class BlockingAdmin(_BlockingBase):

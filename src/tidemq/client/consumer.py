@@ -39,13 +39,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
 from tidemq.clock import Clock
-from tidemq.errors import BrokerError, ClientError, ProtocolError
+from tidemq.errors import BrokerError, ClientError, ProtocolError, SubscriptionParseFailedError
 from tidemq.limits import MIB, PULL_SUSPEND_MS_DEFAULT, PULL_TIMEOUT_MS_DEFAULT
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import ConsumerData, MessageQueue
@@ -64,7 +64,14 @@ from .assignment import (
 from .consume_concurrently import ConcurrentConsumption
 from .consume_orderly import OrderlyConsumption
 from .instance import ClientInstance
-from .listener import Listener, Subscription, call_listener, restore_retry_topic
+from .iterate import MessageIterator, MessageStream
+from .listener import (
+    Listener,
+    Subscription,
+    call_listener,
+    restore_retry_topic,
+    subscription_table,
+)
 from .message import (
     ConsumeFromWhere,
     MessageExt,
@@ -76,6 +83,7 @@ from .process_queue import ProcessQueue
 from .pull_answer import UndecodableLog
 from .read_route import PullSuggestions
 from .rebalance import diff_assignment
+from .selector import Selectable, check_sql_subscriptions, warn_if_sql_looking
 from .tls import TlsOption
 
 logger = logging.getLogger(__name__)
@@ -109,13 +117,29 @@ def _broadcast_offset_file(
 
 
 class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
-    """Consumes the subscribed topics for `group`, calling the registered listener."""
+    """Consumes the subscribed topics for `group`, calling the listener, or as a stream:
+
+        async with PushConsumer("CG", addr, subscriptions={"Orders": "created"}) as consumer:
+            async for message in consumer:
+                ...
+
+    `subscriptions` maps each topic to a tag expression or a MessageSelector (as `subscribe`);
+    `listener` is as `register_listener`. Without a listener, `async for` reads the messages
+    (client/iterate.py: what counts as consumed, and when a message goes back for a retry).
+    """
+
+    _started = False
+    _closed = False
+    # What `async for` reads, made by start() when no listener was given.
+    _stream: MessageStream | None = None
 
     def __init__(
         self,
         group: str,
         namesrv_addr: str | Sequence[str],
         *,
+        subscriptions: Mapping[str, Selectable] | None = None,
+        listener: Listener | None = None,
         message_model: MessageModel = MessageModel.CLUSTERING,
         consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
         consume_timestamp_ms: int | None = None,
@@ -160,8 +184,8 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
         self.suspend_current_queue_ms = suspend_current_queue_ms
         self._rebalance_interval_ms = rebalance_interval_ms
         self._persist_interval_ms = persist_interval_ms
-        self._subscriptions: dict[str, Subscription] = {}
-        self._listener: Listener | None = None
+        self._subscriptions = subscription_table(subscriptions or {}, self._clock.now_ms())
+        self._listener: Listener | None = listener
         self._queues: dict[MessageQueue, OwnedQueue] = {}
         self._offsets = OffsetTable()
         self._pull_from = PullSuggestions()
@@ -178,8 +202,6 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
         self._tasks: list[asyncio.Task[None]] = []
         self._consuming: set[asyncio.Task[object]] = set()
         self._retrying: set[asyncio.Task[None]] = set()
-        self._started = False
-        self._closed = False
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -195,14 +217,19 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
     def clustering(self) -> bool:
         return self.message_model is MessageModel.CLUSTERING
 
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Consume `topic` messages whose tag matches `expression` ("*", "TagA || TagB")."""
+    def subscribe(self, topic: str, expression: Selectable = "*") -> None:
+        """Consume `topic` messages whose tag matches `expression` ("*", "TagA || TagB"), or
+        that a `MessageSelector.by_sql("a > 5")` selects (needs enablePropertyFilter=true on
+        the broker; see client/selector.py)."""
         pm.validate_topic(topic)
+        warn_if_sql_looking(expression, topic)
         self._subscriptions[topic] = Subscription.parse(topic, expression, self._clock.now_ms())
         if self._started:
             self.trigger_rebalance()
 
     def register_listener(self, listener: Listener) -> None:
+        if self._started:
+            raise ClientError("register_listener() before start(), or pass listener=")
         self._listener = listener
 
     # -- what the instance asks ------------------------------------------------------------
@@ -238,10 +265,15 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
     async def start(self) -> None:
         if self._started:
             return
-        if self._listener is None:
-            raise ValueError("register_listener() before start()")
         if not self._subscriptions:
-            raise ValueError("subscribe() to at least one topic before start()")
+            raise ValueError(
+                "no topic to consume: pass subscriptions={topic: expression} to PushConsumer, "
+                "or call subscribe() before start()"
+            )
+        if self._listener is None:
+            # No listener: the messages wait for `async for message in consumer`.
+            self._stream = MessageStream(self._group)
+            self._listener = self._stream.deliver
         if self.clustering:
             retry = pm.retry_topic(self._group)
             self._subscriptions.setdefault(
@@ -255,6 +287,11 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
         self._started = True
         await self._instance.refresh_routes()
         await self._instance.heartbeat()
+        try:
+            await check_sql_subscriptions(self._instance, self._subscriptions.values())
+        except SubscriptionParseFailedError:
+            await self.shutdown()
+            raise
         self._tasks = [
             asyncio.create_task(self._rebalance_loop()),
             asyncio.create_task(self._persist_loop()),
@@ -267,6 +304,8 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
         if self._closed:
             return
         self._closed = True
+        if self._stream is not None:
+            self._stream.close()  # what no loop finished is not committed (iterate.py)
         if not self._started:
             self._executor.shutdown(wait=False)
             return
@@ -297,8 +336,31 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
         await self.start()
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        task = asyncio.current_task()
+        if self._stream is not None and task is not None:
+            # The message this task's loop is on: finished, or sent back if the block raised.
+            # Other tasks' loops may be mid-body: shutdown abandons theirs (iterate.py).
+            self._stream.settle(task, ok=exc_type is None)
         await self.shutdown()
+
+    def __aiter__(self) -> MessageIterator:
+        """`async for message in consumer`: see the class docstring and client/iterate.py."""
+        return MessageIterator(self.stream_to_read())
+
+    @property
+    def stream(self) -> MessageStream | None:
+        """What `async for` reads (None: not started, or the consumer has a listener)."""
+        return self._stream
+
+    def stream_to_read(self) -> MessageStream:
+        if self._stream is None:
+            if self._listener is not None:
+                raise ClientError(
+                    f"consumer {self._group} calls its listener; iterate a consumer without one"
+                )
+            raise ClientError(f"start() consumer {self._group} (or `async with` it) to iterate")
+        return self._stream
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -426,6 +488,7 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
                     mq,
                     group=self._group,
                     expression=subscription.expression,
+                    expression_type=subscription.expression_type,
                     offset=state.next_offset,
                     max_nums=self.pull_batch_size,
                     sys_flag=int(sys_flag),

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Final
@@ -24,6 +24,7 @@ from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import SubscriptionData
 
 from .message import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, ConsumeResult, MessageExt
+from .selector import MessageSelector, Selectable, warn_if_sql_looking
 
 logger = logging.getLogger(__name__)
 
@@ -34,17 +35,26 @@ _SUCCESS: Final = (None, ConsumeConcurrentlyStatus.CONSUME_SUCCESS, ConsumeOrder
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
-    """One subscribed topic: the expression as given, its parsed filter, its version (ms)."""
+    """One subscribed topic: the selector (tag expression or SQL92), the filter the client
+    re-applies (tags only), its version (ms)."""
 
     topic: str
-    expression: str
+    selector: MessageSelector
     filter: pm.TagFilter
     sub_version: int
 
     @classmethod
-    def parse(cls, topic: str, expression: str, now_ms: int) -> Subscription:
-        expression = expression.strip() or pm.SUB_ALL
-        return cls(topic, expression, pm.parse_tag_expression(expression), now_ms)
+    def parse(cls, topic: str, expression: Selectable, now_ms: int) -> Subscription:
+        selector = MessageSelector.of(expression)
+        return cls(topic, selector, selector.tag_filter(), now_ms)
+
+    @property
+    def expression(self) -> str:
+        return self.selector.expression
+
+    @property
+    def expression_type(self) -> str:
+        return self.selector.expression_type
 
     def to_data(self) -> SubscriptionData:
         return SubscriptionData(
@@ -53,7 +63,20 @@ class Subscription:
             tags_set=self.filter.tags if self.filter.tags is not None else frozenset(),
             code_set=self.filter.codes,
             sub_version=self.sub_version,
+            expression_type=self.expression_type,
         )
+
+
+def subscription_table(
+    subscriptions: Mapping[str, Selectable], now_ms: int
+) -> dict[str, Subscription]:
+    """The subscriptions given to a consumer's constructor, checked as `subscribe` checks."""
+    table = {}
+    for topic, expression in subscriptions.items():
+        pm.validate_topic(topic)
+        warn_if_sql_looking(expression, topic)
+        table[topic] = Subscription.parse(topic, expression, now_ms)
+    return table
 
 
 def is_success(result: object) -> bool:

@@ -16,11 +16,15 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
 from tidemq.protocol.message import ConsumeFromWhere, MessageModel
 from tidemq.protocol.record import StoredMessage
+
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12; the stub ships with the type checker
+    from typing_extensions import Buffer
 
 __all__ = [
     "ConsumeConcurrentlyStatus",
@@ -39,10 +43,14 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Message:
     """A message to send. `keys` are indexed for lookup; `tags` is what consumers filter on.
 
+    `body` is bytes, a str (stored as UTF-8), or any other object with the buffer protocol
+    (bytearray, memoryview, array.array, mmap, a NumPy array: its raw bytes are copied); anything
+    else is a TypeError (an int would otherwise become that many zero bytes, a list of ints a
+    body of those bytes).
     `properties` are user properties; the producer adds the system ones (UNIQ_KEY, TAGS, KEYS,
     WAIT, DELAY, TIMER_DELIVER_MS) when it sends. `delay_level` 1..18 maps to the broker's delay
     table (1 s … 2 h). `deliver_time_ms` is an absolute wall-clock time (ms since the epoch) before
@@ -52,27 +60,56 @@ class Message:
 
     topic: str
     body: bytes
-    tags: str | None = None
-    keys: Sequence[str] | str = ()
-    properties: Mapping[str, str] = field(default_factory=dict)
-    delay_level: int = 0
-    flag: int = 0
-    deliver_time_ms: int | None = None
+    tags: str | None
+    keys: tuple[str, ...]
+    properties: Mapping[str, str]
+    delay_level: int
+    flag: int
+    deliver_time_ms: int | None
 
-    def __post_init__(self) -> None:
-        if isinstance(self.keys, str):
-            object.__setattr__(self, "keys", tuple(self.keys.split()))
-        else:
-            object.__setattr__(self, "keys", tuple(self.keys))
-        if not isinstance(self.body, bytes):
-            object.__setattr__(self, "body", bytes(self.body))
-        if self.delay_level < 0:
-            raise ValueError(f"delay_level must be >= 0, got {self.delay_level}")
-        if self.deliver_time_ms is not None:
-            if self.deliver_time_ms < 0:
-                raise ValueError(f"deliver_time_ms must be >= 0, got {self.deliver_time_ms}")
-            if self.delay_level > 0:
+    def __init__(
+        self,
+        topic: str,
+        body: Buffer | str,
+        tags: str | None = None,
+        keys: Sequence[str] | str = (),
+        properties: Mapping[str, str] | None = None,
+        delay_level: int = 0,
+        flag: int = 0,
+        deliver_time_ms: int | None = None,
+    ) -> None:
+        if delay_level < 0:
+            raise ValueError(f"delay_level must be >= 0, got {delay_level}")
+        if deliver_time_ms is not None:
+            if deliver_time_ms < 0:
+                raise ValueError(f"deliver_time_ms must be >= 0, got {deliver_time_ms}")
+            if delay_level > 0:
                 raise ValueError("a message has a delay_level or a deliver_time_ms, not both")
+        init = object.__setattr__  # frozen: the dataclass way to set fields in __init__
+        init(self, "topic", topic)
+        init(self, "body", _body_bytes(body))
+        init(self, "tags", tags)
+        init(self, "keys", tuple(keys.split()) if isinstance(keys, str) else tuple(keys))
+        init(self, "properties", {} if properties is None else properties)
+        init(self, "delay_level", delay_level)
+        init(self, "flag", flag)
+        init(self, "deliver_time_ms", deliver_time_ms)
+
+
+def _body_bytes(body: object) -> bytes:
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    try:
+        view = memoryview(body)  # type: ignore[arg-type]  # any buffer; not bytes(int)
+    except TypeError:
+        raise TypeError(
+            f"Message body must be bytes or str (sent as UTF-8), not {type(body).__name__}: "
+            f"encode it first, e.g. json.dumps(value).encode() or str(value)"
+        ) from None
+    with view:
+        return view.tobytes()
 
 
 @dataclass(frozen=True, slots=True)

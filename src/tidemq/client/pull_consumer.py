@@ -40,6 +40,7 @@ from .message import MessageModel, PullResult
 from .pull_answer import UndecodableLog
 from .read_route import PullSuggestions
 from .route_cache import subscribe_queues
+from .selector import MessageSelector, Selectable
 from .slave_offsets import SlaveOffsets
 from .tls import TlsOption
 
@@ -159,15 +160,16 @@ class PullConsumer:
             await self._instance.fetch_route(mq.topic)
 
     async def pull(
-        self, mq: MessageQueue, expression: str, offset: int, max_nums: int
+        self, mq: MessageQueue, expression: Selectable, offset: int, max_nums: int
     ) -> PullResult:
-        """Up to `max_nums` messages of `mq` from `offset` whose tag matches `expression`."""
+        """Up to `max_nums` messages of `mq` from `offset` whose tag matches `expression`, or
+        that a `MessageSelector` (e.g. `by_sql("a > 5")`) selects."""
         return await self._pull(mq, expression, offset, max_nums, block=False)
 
     async def pull_block_if_not_found(
         self,
         mq: MessageQueue,
-        expression: str,
+        expression: Selectable,
         offset: int,
         max_nums: int,
         *,
@@ -179,7 +181,7 @@ class PullConsumer:
     async def _pull(
         self,
         mq: MessageQueue,
-        expression: str,
+        expression: Selectable,
         offset: int,
         max_nums: int,
         *,
@@ -189,13 +191,15 @@ class PullConsumer:
         self._check_open()
         if offset < 0 or not 0 < max_nums <= PULL_MESSAGE_COUNT_MAX:
             raise ValueError(f"offset must be >= 0 and max_nums in 1..{PULL_MESSAGE_COUNT_MAX}")
+        selector = MessageSelector.of(expression)
         await self._ensure_route(mq)
         sys_flag = PullSysFlag.SUBSCRIPTION | (PullSysFlag.SUSPEND if block else 0)
         result = await api.pull(
             self._instance,
             mq,
             group=self._group,
-            expression=expression,
+            expression=selector.expression,
+            expression_type=selector.expression_type,
             offset=offset,
             max_nums=max_nums,
             sys_flag=int(sys_flag),

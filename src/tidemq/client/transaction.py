@@ -4,7 +4,8 @@
       1. half send: the message with TRAN_MSG=true, PGROUP=<group> and sysFlag PREPARED, as an
          ordinary send (the producer's fast path, route, retries); the broker parks it in
          RMQ_SYS_TRANS_HALF_TOPIC
-         ├─ the send raised ─▶ listener not called, state ROLLBACK_MESSAGE, nothing to end
+         ├─ the send raised ─▶ listener not called, nothing to end, and the error is raised
+         │                    to the caller, as `send` raises it (send_half reports it instead)
          ├─ FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE
          │                    ─▶ listener not called, state ROLLBACK_MESSAGE
          └─ SEND_OK ─▶ 2. listener.execute_local_transaction(message, arg)
@@ -221,11 +222,20 @@ class TransactionProducer(Producer):
     ) -> TransactionSendResult:
         """Send `message` as a half message, run the local transaction, end it (oneway).
 
+        A half message stored but not as durable as configured (FLUSH_DISK_TIMEOUT, ...) is
+        rolled back without calling the listener: the result says so, as `send` returns such a
+        status rather than raising it.
+
         Raises:
             ValueError, ProtocolError, MessageTooLargeError: the message is invalid (nothing
                 was sent).
+            QueueError: the half send failed as `send` fails (BrokerError such as
+                NoPermissionError, RequestTimeoutError, NoRouteError, ...): the local
+                transaction did not run; the broker rolls back a half it may have stored.
         """
         half = await self.send_half(message)
+        if half.error is not None:
+            raise half.error
         state, remark = LocalTransactionState.ROLLBACK_MESSAGE, None
         if half.run_local:
             result: Any = None
@@ -240,7 +250,9 @@ class TransactionProducer(Producer):
         return await self.end_transaction(half, state, remark)
 
     async def send_half(self, message: Message) -> HalfSend:
-        """Step 1: the half message. A failed send is reported in the result, not raised."""
+        """Step 1: the half message. A failed send is reported in the result (`error`), not
+        raised, for callers that retry or decide themselves (send_message_in_transaction
+        raises it)."""
         self._check_open()
         if message.delay_level:
             raise ValueError("a transactional message cannot have a delay level")

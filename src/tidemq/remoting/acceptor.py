@@ -130,15 +130,35 @@ class _ClosedFirst(Exception):
     load balancer's health check): closed without a warning."""
 
 
+class ListenError(OSError):
+    """A port could not be bound (in use, privileged, an address this host does not have).
+    Carries the host and port so the edge (the CLI) can name the setting that chose them."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.host = host
+        self.port = port
+
+    @property
+    def in_use(self) -> bool:
+        return self.errno == errno.EADDRINUSE
+
+    def __str__(self) -> str:
+        return f"cannot listen on {self.host}:{self.port}: {self.strerror}"
+
+
 def listen(host: str, port: int) -> socket.socket:
     """A non-blocking TCP socket listening on `host`:`port` (0 picks a free port), with
     SO_REUSEADDR so a restarted server can bind while old connections linger in TIME_WAIT.
 
     Raises:
-        OSError: the address cannot be bound.
+        ListenError: the address cannot be bound.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    except OSError as exc:
+        raise ListenError(host, port, exc) from exc
     sock.setblocking(False)
     return sock
 

@@ -146,6 +146,14 @@ class AdminHandlers:
                 raise Refusal(
                     ResponseCode.SYSTEM_ERROR, f"{name} {value} outside 0..{TOPIC_QUEUE_NUMS_MAX}"
                 )
+        if header.read_queue_nums == header.write_queue_nums == 0:
+            # Nothing could be sent or consumed. (writeQueueNums 0 alone is a topic being
+            # drained before deletion: its readers still read.)
+            raise Refusal(
+                ResponseCode.SYSTEM_ERROR,
+                f"topic {header.topic} needs at least one queue (readQueueNums and"
+                " writeQueueNums are both 0)",
+            )
         if header.topic_filter_type not in (TOPIC_FILTER_SINGLE_TAG, TOPIC_FILTER_MULTI_TAG):
             raise Refusal(
                 ResponseCode.SYSTEM_ERROR, f"unknown topicFilterType {header.topic_filter_type}"

@@ -9,7 +9,10 @@
               stored order of a key's acknowledged messages must be increasing
     tx        transactional sends to ChaosTx; the local transaction writes its decision into a
               SQLite "database" (as examples/transfer does): commit, rollback, or commit but
-              answer UNKNOW (the broker's check-back settles it from the database). A check-back
+              answer UNKNOW (the broker's check-back settles it from the database). "try" before
+              each, "half" with the transaction's state once it ended (ROLLBACK_MESSAGE without
+              running the local transaction if the half was stored but not as durable as asked),
+              "err" if the half send raised (the local transaction did not run). A check-back
               for a half whose local transaction never ran decides rollback (INSERT first wins)
     consumer  clustering-mode push consumer of the three topics; one line per delivery with
               the queue and queue offset
@@ -229,13 +232,13 @@ async def run_tx(
                 result = await producer.send_message_in_transaction(message, (message_id, plan))
             except Exception as exc:
                 journal.write("err", id=message_id, err=f"{type(exc).__name__}: {exc}"[:200])
+                await asyncio.sleep(FAILED_SEND_PAUSE_S)
             else:
                 journal.write("half", id=message_id, state=result.local_transaction_state.name)
-                if result.send_result is None:
-                    await asyncio.sleep(FAILED_SEND_PAUSE_S)
-            # A half whose local transaction never ran (send failed or not durable) is rolled
-            # back; recorded so the checker sees it if it ever becomes visible. A decision the
-            # local transaction or a check-back already made stays (the first writer wins).
+            # A half whose local transaction never ran ("err": the send raised; or "half"
+            # ROLLBACK_MESSAGE: stored but not durable) is rolled back; recorded so the checker
+            # sees it if it ever becomes visible. A decision the local transaction or a
+            # check-back already made stays (the first writer wins).
             listener.decide(message_id, "rollback")
             number += 1
             await asyncio.sleep(args.interval_ms / 1000)

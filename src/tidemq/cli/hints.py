@@ -1,0 +1,97 @@
+"""One-line CLI errors that say what to do, and the argument types the verbs share.
+
+The client library raises typed errors with the server's own words ("No topic route info in name
+server for the topic: TBW102" is what RocketMQ's name server says when a producer falls back to
+the auto-create template topic). At the CLI edge those are turned into what the user can act on:
+
+    TOPIC_NOT_EXIST (17) on a verb with -t  →  topic T does not exist ...: tidemq topic create -t T
+    REQUEST_CODE_NOT_SUPPORTED (3) to a name-server request  →  -n ADDR is not a name server
+
+`time_ms` reads the times the verbs take (`send --deliver-at`, `group reset-offset --to-time`):
+ms since the epoch, or an ISO 8601 date-time, local time unless it carries an offset or "Z"
+(the tables print local times, so what a user copies from them reads back the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from datetime import datetime
+from typing import Final
+
+from tidemq.errors import BrokerError, QueueError
+from tidemq.protocol.codes import RequestCode, ResponseCode
+
+# Requests only a name server answers: a broker (or anything else) refusing one of them with
+# REQUEST_CODE_NOT_SUPPORTED means -n does not point at a name server.
+_NAMESRV_ONLY: Final = frozenset(
+    {
+        RequestCode.GET_ROUTEINFO_BY_TOPIC,
+        RequestCode.GET_BROKER_CLUSTER_INFO,
+        RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+        RequestCode.DELETE_TOPIC_IN_NAMESRV,
+    }
+)
+# The remark RocketMQ's and TideMQ's remoting servers give with REQUEST_CODE_NOT_SUPPORTED.
+_NOT_SUPPORTED: Final = re.compile(r"request type (\d+) not supported")
+NAMESRV_PORT_DEFAULT: Final = 9876
+
+
+def explain(error: QueueError, args: argparse.Namespace) -> str:
+    """The line to print for `error` raised by the verb `args` ran (without "tidemq: ")."""
+    if not isinstance(error, BrokerError):
+        return str(error)
+    topic = getattr(args, "topic", None)
+    if error.response_code == ResponseCode.TOPIC_NOT_EXIST and topic:
+        # A producer asks for the auto-create template topic (TBW102) when its own has no
+        # route: the server's words then name TBW102, not the topic the user gave.
+        why = (
+            " (these brokers do not create topics on first send: autoCreateTopicEnable=false)"
+            if getattr(args, "verb", None) == "send"
+            else ""
+        )
+        return (
+            f"topic {topic} does not exist{why}; create it with:"
+            f" tidemq topic create -t {topic} -n {args.namesrv_addr}"
+        )
+    if error.response_code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+        found = _NOT_SUPPORTED.search(error.remark)
+        if found and int(found.group(1)) in _NAMESRV_ONLY:
+            request = RequestCode(int(found.group(1))).name
+            return (
+                f"{args.namesrv_addr} is not a name server: it answered {request} with"
+                f" REQUEST_CODE_NOT_SUPPORTED (is it a broker's port?); point -n or"
+                f" TIDEMQ_NAMESRV_ADDR at a name server (port {NAMESRV_PORT_DEFAULT} by default)"
+            )
+    return str(error)
+
+
+def fail(error: QueueError, args: argparse.Namespace) -> int:
+    """Print `error` as one line on stderr; the exit status of a verb the cluster refused."""
+    print(f"tidemq: {explain(error, args)}", file=sys.stderr)
+    return 1
+
+
+def time_ms(text: str) -> int:
+    """argparse type: ms since the epoch ("1764064800000") or an ISO date-time
+    ("2026-11-25T10:00", "2026-11-25 10:00:30", "2026-11-25T10:00Z", "2026-11-25")."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither ms since the epoch nor a date-time such as 2026-11-25T10:00"
+            " (local time) or 2026-11-25T10:00Z"
+        ) from None
+    return int(when.timestamp() * 1000)  # a naive datetime is local time
+
+
+def property_pair(text: str) -> tuple[str, str]:
+    """argparse type: a user property written k=v."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"a property is written key=value, not {text!r}")
+    return key.strip(), value
