@@ -12,7 +12,6 @@ import pytest
 from acl_samples import ACL_YAML, ADMIN, CONSUMER, PRODUCER, STRANGER, send_command, write_acl
 
 from tidemq import ConsumeFromWhere, Message, MessageExt, Producer, PushConsumer
-from tidemq.broker.access import ACL_RELOAD_INTERVAL_MS
 from tidemq.broker.app import BrokerApp
 from tidemq.broker.config import BrokerConfig, ConfigError
 from tidemq.broker.config_file import load_broker_config, render_config
@@ -21,6 +20,7 @@ from tidemq.clock import SystemClock
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.remoting.client import RemotingClient
+from tidemq.security.acl import ACL_RELOAD_INTERVAL_MS
 from tidemq.security.signing import Credentials, sign
 from tidemq.testing.cluster import LocalCluster, local_cluster
 from tidemq.testing.wait import eventually

@@ -21,17 +21,19 @@ from tidemq.broker.config import BrokerConfig, ConfigError
 from tidemq.broker.handlers.common import Refusal
 from tidemq.broker.service import PeriodicService
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.remoting import Connection, Signer
-from tidemq.remoting.log_limit import clip_peer_text
-from tidemq.security.acl import AclFileWatcher, Authorizer, load_authorizer
+from tidemq.remoting import Connection, RequestHook, Signer
+from tidemq.remoting.handlers import refusing_hook
+from tidemq.security.acl import (
+    ACL_RELOAD_INTERVAL_MS,
+    AclFileWatcher,
+    Authorizer,
+    load_authorizer,
+)
 from tidemq.security.acl_file import AclFileError
 from tidemq.security.resources import BROKER_POLICY
 from tidemq.security.signing import sign
 
 log = logging.getLogger(__name__)
-
-# How often plain_acl.yml is looked at: a revoked key stops working within about this long.
-ACL_RELOAD_INTERVAL_MS: Final = 1_000
 
 
 def inner_signer(config: BrokerConfig) -> Signer | None:
@@ -111,18 +113,8 @@ class BrokerAcl:
             len(self.authorizer.table.accounts),
             config.acl_file_path,
         )
-
-    def hook(self, connection: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
-        """The RemotingServer's request hook: None lets the request through."""
-        refusal = self.authorizer.check(cmd, connection.peer[0])
-        if refusal is not None:
-            connection.log_peer_error(
-                "ACL refused code %d from %s: %s",
-                cmd.code,
-                connection.peer_text,
-                clip_peer_text(refusal.remark),
-            )
-        return refusal
+        # The RemotingServer's request hook: None lets the request through.
+        self.hook: RequestHook = refusing_hook(self.authorizer.check, "ACL")
 
     @property
     def gate(self) -> AccessGate:

@@ -25,15 +25,14 @@ unless --force.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from tidemq.cli.credentials import add_options, credentials_of
-from tidemq.cli.hints import fail, time_ms
+from tidemq.cli.hints import run_verb, time_ms
 from tidemq.cli.lookup import online
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import add_client_flags, tls_of
@@ -42,7 +41,7 @@ from tidemq.client.admin import Admin
 from tidemq.client.message import Message, MessageExt, PullStatus
 from tidemq.client.producer import Producer
 from tidemq.client.route_cache import master_addresses, subscribe_queues
-from tidemq.errors import BrokerError, QueueError
+from tidemq.errors import BrokerError
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
 from tidemq.protocol.codes import ResponseCode
@@ -125,14 +124,6 @@ def _common(parser: argparse.ArgumentParser, namesrv_default: str) -> argparse.A
     add_options(parser)  # --access-key / --secret-key
     add_client_flags(parser, default=argparse.SUPPRESS)  # --tls, --tls-ca, ...
     return parser
-
-
-def _run(coro: Coroutine[Any, Any, int], args: argparse.Namespace) -> int:
-    try:
-        result: int = asyncio.run(coro)
-    except QueueError as error:
-        return fail(error, args)
-    return result
 
 
 # -- dead letters ---------------------------------------------------------------------------
@@ -288,11 +279,11 @@ async def _resend(args: argparse.Namespace) -> int:
 
 
 def run_dlq_list(args: argparse.Namespace) -> int:
-    return _run(_list(args), args)
+    return run_verb(_list(args), args)
 
 
 def run_dlq_resend(args: argparse.Namespace) -> int:
-    return _run(_resend(args), args)
+    return run_verb(_resend(args), args)
 
 
 # -- offsets --------------------------------------------------------------------------------
@@ -329,4 +320,4 @@ async def _reset(args: argparse.Namespace) -> int:
 
 
 def run_group_reset_offset(args: argparse.Namespace) -> int:
-    return _run(_reset(args), args)
+    return run_verb(_reset(args), args)

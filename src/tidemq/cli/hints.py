@@ -15,10 +15,12 @@ ms since the epoch, or an ISO 8601 date-time, local time unless it carries an of
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 import sys
+from collections.abc import Coroutine
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from tidemq.errors import BrokerError, QueueError
 from tidemq.protocol.codes import RequestCode, ResponseCode
@@ -65,6 +67,15 @@ def explain(error: QueueError, args: argparse.Namespace) -> str:
                 f" TIDEMQ_NAMESRV_ADDR at a name server (port {NAMESRV_PORT_DEFAULT} by default)"
             )
     return str(error)
+
+
+def run_verb(coro: Coroutine[Any, Any, int], args: argparse.Namespace) -> int:
+    """Run a verb's coroutine; a refusal from the cluster becomes `fail`'s one line and status."""
+    try:
+        result: int = asyncio.run(coro)
+    except QueueError as error:
+        return fail(error, args)
+    return result
 
 
 def fail(error: QueueError, args: argparse.Namespace) -> int:

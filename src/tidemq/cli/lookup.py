@@ -22,13 +22,11 @@ it on any topic and none of its consumers is online; the verb then says so and e
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Coroutine
-from typing import Any, Final
+from typing import Final
 
 from tidemq.cli.credentials import credentials_of
-from tidemq.cli.hints import fail
+from tidemq.cli.hints import run_verb
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import tls_of
 from tidemq.client.admin import Admin
@@ -36,7 +34,6 @@ from tidemq.client.message import MessageExt
 from tidemq.errors import (
     BrokerError,
     ProtocolError,
-    QueueError,
     SystemErrorError,
     error_for_code,
 )
@@ -53,14 +50,6 @@ from tidemq.remoting.address import normalise_host, parse_address
 PORT_MAX: Final = 65_535
 ID_LENGTHS: Final = (32, 56)  # hex characters of an id made on IPv4, on IPv6 (either kind)
 _HEX: Final = frozenset("0123456789ABCDEF")
-
-
-def _run(coro: Coroutine[Any, Any, int], args: argparse.Namespace) -> int:
-    try:
-        result: int = asyncio.run(coro)
-    except QueueError as error:
-        return fail(error, args)
-    return result
 
 
 def _admin(args: argparse.Namespace) -> Admin:
@@ -159,7 +148,7 @@ async def _query(args: argparse.Namespace) -> int:
 
 
 def run_message_query(args: argparse.Namespace) -> int:
-    return _run(_query(args), args)
+    return run_verb(_query(args), args)
 
 
 async def online(admin: Admin, group: str, addrs: list[str]) -> bool:
@@ -231,4 +220,4 @@ def _print_progress(stats: ConsumeStats) -> None:
 
 
 def run_group_progress(args: argparse.Namespace) -> int:
-    return _run(_progress(args), args)
+    return run_verb(_progress(args), args)

@@ -19,18 +19,13 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import Final
 
-from tidemq.protocol.frame import RemotingCommand
-from tidemq.remoting import Connection
-from tidemq.remoting.log_limit import clip_peer_text
-from tidemq.security.acl import load_authorizer
+from tidemq.remoting import RequestHook
+from tidemq.remoting.handlers import refusing_hook
+from tidemq.security.acl import ACL_RELOAD_INTERVAL_MS, load_authorizer
 from tidemq.security.resources import NAMESRV_POLICY
 
 logger = logging.getLogger(__name__)
-
-# As the broker's: a revoked key stops working within about this long.
-ACL_RELOAD_INTERVAL_MS: Final = 1_000
 
 
 class NamesrvAcl:
@@ -45,18 +40,8 @@ class NamesrvAcl:
     def __init__(self, path: Path) -> None:
         self.authorizer, self.watcher = load_authorizer(path, NAMESRV_POLICY)
         self._task: asyncio.Task[None] | None = None
+        self.hook: RequestHook = refusing_hook(self.authorizer.check, "ACL")
         logger.info("ACL on: %d accounts from %s", len(self.authorizer.table.accounts), path)
-
-    def hook(self, connection: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
-        refusal = self.authorizer.check(cmd, connection.peer[0])
-        if refusal is not None:
-            connection.log_peer_error(
-                "ACL refused code %d from %s: %s",
-                cmd.code,
-                connection.peer_text,
-                clip_peer_text(refusal.remark),
-            )
-        return refusal
 
     async def start(self) -> None:
         assert self._task is None, "already started"

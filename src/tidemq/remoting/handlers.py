@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from tidemq.protocol.frame import RemotingCommand
+from tidemq.remoting.log_limit import clip_peer_text
 
 if TYPE_CHECKING:
     from tidemq.remoting.connection import Connection
@@ -21,6 +22,29 @@ Handler: TypeAlias = "Callable[[Connection, RemotingCommand], Awaitable[Remoting
 # control). A plain function, not a coroutine: it runs for every request a server reads, and
 # a coroutine there would cost its frame and its StopIteration each time.
 RequestHook: TypeAlias = "Callable[[Connection, RemotingCommand], RemotingCommand | None]"
+
+
+# What decides a request from the peer's host: None lets it through, else the refusal to send.
+RequestCheck: TypeAlias = Callable[[RemotingCommand, str], "RemotingCommand | None"]
+
+
+def refusing_hook(check: RequestCheck, what: str) -> RequestHook:
+    """A request hook answering with `check(request, peer host)`'s refusal, each refusal logged
+    (rate-limited per connection) as "<what> refused code N from host:port: remark"."""
+
+    def hook(connection: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        refusal = check(cmd, connection.peer[0])
+        if refusal is not None:
+            connection.log_peer_error(
+                "%s refused code %d from %s: %s",
+                what,
+                cmd.code,
+                connection.peer_text,
+                clip_peer_text(refusal.remark),
+            )
+        return refusal
+
+    return hook
 
 
 class ResponseWaiter(Protocol):

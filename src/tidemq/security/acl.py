@@ -45,7 +45,8 @@ from typing import Final
 from tidemq.protocol.codes import ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers_query import UNIQUE_KEY_QUERY_FIELD
-from tidemq.security.acl_file import RETRY_PREFIX, Account, AclFileError, AclTable, parse_acl
+from tidemq.protocol.names import group_of_retry_topic
+from tidemq.security.acl_file import Account, AclFileError, AclTable, parse_acl
 from tidemq.security.permissions import (
     PUB_SUB,
     Perm,
@@ -59,6 +60,9 @@ from tidemq.security.signing import ACCESS_KEY, signature_matches
 
 log = logging.getLogger(__name__)
 
+# How often an ACL file is looked at (brokers and name servers): a revoked key stops working
+# within about this long.
+ACL_RELOAD_INTERVAL_MS: Final = 1_000
 # Distinct peer hosts whose parsed address is remembered; past it the cache starts over
 # (a broker has a few thousand clients at most, each from one host).
 _HOST_CACHE_MAX: Final = 4096
@@ -82,9 +86,8 @@ def _signed(secret_key: str, fields: dict[str, str], body: bytes) -> bool:
 
 def resource_text(resource: str) -> str:
     """ "topic:T" or "group:G" (upstream's PlainAccessResource.printStr)."""
-    if resource.startswith(RETRY_PREFIX):
-        return "group:" + resource[len(RETRY_PREFIX) :]
-    return "topic:" + resource
+    group = group_of_retry_topic(resource)
+    return "topic:" + resource if group is None else "group:" + group
 
 
 class Authorizer:

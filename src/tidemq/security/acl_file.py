@@ -37,11 +37,11 @@ from typing import Any, Final
 
 import yaml
 
+from tidemq.protocol.names import is_retry_topic, retry_topic
 from tidemq.security.permissions import AddressPattern, Perm, compile_address, parse_perm
 
 log = logging.getLogger(__name__)
 
-RETRY_PREFIX: Final = "%RETRY%"
 # Upstream's buildPlainAccessResource refuses keys of 6 characters or fewer.
 KEY_LENGTH_MIN: Final = 7
 _ACCOUNT_KEYS: Final = frozenset(
@@ -66,7 +66,7 @@ class AclFileError(ValueError):
 
 def group_resource(group: str) -> str:
     """The key a group's permission is kept and checked under: its retry topic."""
-    return RETRY_PREFIX + group
+    return retry_topic(group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,7 @@ class Account:
         perm = self.resource_perms.get(resource)
         if perm is not None:
             return perm
-        if resource.startswith(RETRY_PREFIX):
+        if is_retry_topic(resource):
             return self.default_group_perm
         return self.default_topic_perm
 

@@ -87,8 +87,9 @@ from tidemq.protocol.names import (
     SYSTEM_TOPIC_PREFIX,
     TBW102,
     TRANS_CHECK_MAX_TIME_TOPIC,
+    is_retry_topic,
 )
-from tidemq.security.acl_file import RETRY_PREFIX, group_resource
+from tidemq.security.acl_file import group_resource
 from tidemq.security.permissions import Perm
 
 # (resource, permission needed): a topic by name, a group as group_resource(group); the
@@ -106,7 +107,7 @@ def _send(fields: Mapping[str, str], body: bytes) -> Sequence[Need]:
     if not topic:
         return _NOTHING
     # A send to %RETRY%G is a consumer's retry (its resource is group G): SUB, as upstream 4.9.
-    return [(topic, _SUB if topic.startswith(RETRY_PREFIX) else _PUB)]
+    return [(topic, _SUB if is_retry_topic(topic) else _PUB)]
 
 
 def _needs(fields: Mapping[str, str], *spec: tuple[str, int, bool]) -> list[Need]:

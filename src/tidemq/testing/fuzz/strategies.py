@@ -8,6 +8,7 @@ each length and count the layout has, as the layouts are drawn in the encoders' 
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Any, Final
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from tidemq.broker.filter import sql92
 from tidemq.protocol import record as rec
-from tidemq.protocol.frame import RemotingCommand, SerializeType, encode
+from tidemq.protocol.frame import RemotingCommand, SerializeType, encode, encode_parts
 from tidemq.protocol.message import BatchItem, encode_batch
 from tidemq.testing.fuzz.mutations import Sample
 
@@ -144,18 +145,10 @@ _MARKER: Final = "\x00FUZZ\x00"
 
 
 def json_header_dict(command: RemotingCommand) -> dict[str, Any]:
-    """The header object `frame.encode` writes for a JSON command."""
-    header: dict[str, Any] = {
-        "code": command.code,
-        "extFields": dict(command.ext_fields),
-        "flag": command.flag,
-        "language": command.language,
-        "opaque": command.opaque,
-        "serializeTypeCurrentRPC": "JSON",
-        "version": command.version,
-    }
-    if command.remark is not None:
-        header["remark"] = command.remark
+    """The header object `frame.encode` writes for a JSON command (read back from what it
+    writes, so the two cannot drift)."""
+    head, _ = encode_parts(dataclasses.replace(command, serialize_type=SerializeType.JSON))
+    header: dict[str, Any] = orjson.loads(head[8:])  # past total_len and ser_type|hdr_len
     return header
 
 
