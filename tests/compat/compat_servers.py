@@ -13,6 +13,7 @@ first route lookup fails reports the send as failed rather than retrying later.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ import pytest
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import FrameDecoder, RemotingCommand, encode
 from tidemq.security.signing import Credentials, sign
+from tidemq.testing.processes import free_port
 
 SERVER_START_TIMEOUT_S = 30.0  # Python start-up, store recovery on an empty dir, registration.
 SERVER_STOP_TIMEOUT_S = 15.0  # SIGTERM to exit: persist offsets, unregister, close the store.
@@ -198,3 +201,32 @@ SMALL_SEGMENTS = {"mappedFileSizeCommitLog": str(64 * 1024 * 1024)}
 
 def set_flags(settings: dict[str, str]) -> list[str]:
     return [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+
+
+@contextlib.contextmanager
+def dev_server(
+    work_dir: Path,
+    settings: dict[str, str],
+    extra_args: list[str] | None = None,
+    credentials: tuple[str, str] | None = None,
+) -> Iterator[TideMQServer]:
+    """`tidemq dev` in `work_dir` (small segments, `settings` as --set), served once its ports
+    accept and its broker has registered (a route is served); stopped on exit."""
+    namesrv_port, broker_port = free_port(), free_port()
+    proc = spawn(
+        "dev",
+        ["dev", "--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port),
+         "--data-dir", str(work_dir / "data"), *(extra_args or []),
+         *set_flags({**SMALL_SEGMENTS, **settings})],
+        work_dir,
+    )  # fmt: skip
+    server = TideMQServer(
+        f"127.0.0.1:{namesrv_port}", f"127.0.0.1:{broker_port}", [proc], work_dir, credentials
+    )
+    try:
+        wait_for_port(namesrv_port, server)
+        wait_for_port(broker_port, server)
+        wait_for_route(server, "TBW102")
+        yield server
+    finally:
+        stop_server(server)

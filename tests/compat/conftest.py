@@ -26,6 +26,7 @@ import pytest
 from compat_servers import (
     SMALL_SEGMENTS,
     TideMQServer,
+    dev_server,
     set_flags,
     spawn,
     stop_server,
@@ -55,24 +56,10 @@ def dev_settings() -> dict[str, str]:
 @pytest.fixture
 def tidemq_dev(tmp_path: Path, dev_settings: dict[str, str]) -> Iterator[TideMQServer]:
     """`tidemq dev`: one name server and one broker in one process."""
-    namesrv_port, broker_port = free_port(), free_port()
     work_dir = tmp_path / "server"
     work_dir.mkdir()
-    settings = set_flags({**SMALL_SEGMENTS, **dev_settings})
-    proc = spawn(
-        "dev",
-        ["dev", "--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port),
-         "--data-dir", str(work_dir / "data"), *settings],
-        work_dir,
-    )  # fmt: skip
-    server = TideMQServer(f"127.0.0.1:{namesrv_port}", f"127.0.0.1:{broker_port}", [proc], work_dir)
-    try:
-        wait_for_port(namesrv_port, server)
-        wait_for_port(broker_port, server)
-        wait_for_route(server, "TBW102")
+    with dev_server(work_dir, dev_settings) as server:
         yield server
-    finally:
-        stop_server(server)
 
 
 @pytest.fixture

@@ -16,17 +16,10 @@ from typing import Any
 
 import pytest
 from compat_servers import (
-    SMALL_SEGMENTS,
     TideMQServer,
-    set_flags,
-    spawn,
-    stop_server,
+    dev_server,
     unique,
-    wait_for_port,
-    wait_for_route,
 )
-
-from tidemq.testing.processes import free_port
 
 pytestmark = pytest.mark.compat
 
@@ -59,29 +52,14 @@ accounts:
 
 @pytest.fixture
 def acl_server(tmp_path: Path) -> Iterator[TideMQServer]:
-    namesrv_port, broker_port = free_port(), free_port()
     work_dir = tmp_path / "server"
     work_dir.mkdir()
     acl_file = work_dir / "plain_acl.yml"
     acl_file.write_text(ACL_YAML)
-    proc = spawn(
-        "dev",
-        ["dev", "--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port),
-         "--data-dir", str(work_dir / "data"), "--acl-file", str(acl_file),
-         *set_flags(SMALL_SEGMENTS)],
-        work_dir,
-    )  # fmt: skip
-    server = TideMQServer(
-        f"127.0.0.1:{namesrv_port}", f"127.0.0.1:{broker_port}", [proc], work_dir, ADMIN_KEY
-    )
-    try:
-        wait_for_port(namesrv_port, server)
-        wait_for_port(broker_port, server)
-        # The broker registered (signed with the file's admin account): routes are served.
-        wait_for_route(server, "TBW102")
+    # The broker registers signed with the file's admin account, and so do the tests' own
+    # name-server queries.
+    with dev_server(work_dir, {}, ["--acl-file", str(acl_file)], ADMIN_KEY) as server:
         yield server
-    finally:
-        stop_server(server)
 
 
 @pytest.fixture

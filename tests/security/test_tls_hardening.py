@@ -17,12 +17,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from tls_samples import WHO, server_settings, who
 
 from tidemq.broker.config_file import load_broker_config
 from tidemq.errors import ConnectionClosedError
 from tidemq.protocol.codes import ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.remoting import Connection, HandlerTable, RemotingClient, RemotingServer, acceptor
+from tidemq.remoting import HandlerTable, RemotingClient, RemotingServer, acceptor
 from tidemq.remoting.caps import ConnectionLimits
 from tidemq.security.tls import (
     ClientAuth,
@@ -36,26 +37,13 @@ from tidemq.security.tls import (
 from tidemq.testing.tls_certs import Pki
 from tidemq.testing.wait import eventually
 
-WHO = 1000
 OTHER_HOST = "127.0.0.2"  # another source address on loopback (Linux routes 127.0.0.0/8)
-
-
-async def _who(connection: Connection, cmd: RemotingCommand) -> RemotingCommand:
-    fields = {"tls": str(connection.tls).lower(), "subject": connection.peer_cert_subject or ""}
-    return cmd.response(ResponseCode.SUCCESS, fields)
 
 
 def _settings(
     pki: Pki, mode: TlsMode, client_auth: ClientAuth = ClientAuth.NONE, timeout_ms: int = 60_000
 ) -> TlsServerSettings:
-    return TlsServerSettings(
-        mode=mode,
-        cert_path=pki.server_cert,
-        key_path=pki.server_key,
-        client_auth=client_auth,
-        trust_cert_path=pki.ca if client_auth is not ClientAuth.NONE else None,
-        handshake_timeout_ms=timeout_ms,
-    )
+    return server_settings(pki, mode, client_auth, timeout_ms=timeout_ms)
 
 
 @asynccontextmanager
@@ -63,7 +51,7 @@ async def _server(
     tls: TlsServerSettings, limits: ConnectionLimits | None = None
 ) -> AsyncIterator[RemotingServer]:
     table = HandlerTable()
-    table.register(WHO, _who)
+    table.register(WHO, who)
     server = RemotingServer(table, "127.0.0.1", 0, name="tls-test", tls=tls, limits=limits)
     await server.start()
     try:

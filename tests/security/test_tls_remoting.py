@@ -12,11 +12,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from tls_samples import WHO, server_settings, who
 
 from tidemq.errors import ConnectFailedError, ConnectionClosedError
 from tidemq.protocol.codes import ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.remoting import Connection, HandlerTable, RemotingClient, RemotingServer, acceptor
+from tidemq.remoting import HandlerTable, RemotingClient, RemotingServer, acceptor
 from tidemq.security.tls import (
     ClientAuth,
     TlsClientSettings,
@@ -31,36 +32,19 @@ from tidemq.security.tls import (
 from tidemq.testing.tls_certs import CLIENT_COMMON_NAME, KEY_PASSWORD, Pki
 from tidemq.testing.wait import eventually
 
-WHO = 1000  # answers how the connection came: tls, the client certificate's subject, the peer
 TIMEOUT_MS = 3_000
-
-
-async def _who(connection: Connection, cmd: RemotingCommand) -> RemotingCommand:
-    fields = {
-        "tls": str(connection.tls).lower(),
-        "subject": connection.peer_cert_subject or "",
-        "peer": connection.peer_text,
-    }
-    return cmd.response(ResponseCode.SUCCESS, fields)
 
 
 def _table() -> HandlerTable:
     table = HandlerTable()
-    table.register(WHO, _who)
+    table.register(WHO, who)
     return table
 
 
 def _settings(
     pki: Pki, mode: TlsMode, client_auth: ClientAuth = ClientAuth.NONE, timeout_ms: int = 10_000
 ) -> TlsServerSettings:
-    return TlsServerSettings(
-        mode=mode,
-        cert_path=pki.server_cert,
-        key_path=pki.server_key,
-        client_auth=client_auth,
-        trust_cert_path=pki.ca if client_auth is not ClientAuth.NONE else None,
-        handshake_timeout_ms=timeout_ms,
-    )
+    return server_settings(pki, mode, client_auth, timeout_ms=timeout_ms)
 
 
 @asynccontextmanager
