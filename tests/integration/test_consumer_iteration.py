@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -170,8 +171,14 @@ async def test_a_task_that_raises_in_its_loop_is_logged(
     async with consumer(cluster, "CG-task-raises") as c:
         task = asyncio.create_task(read_until_m3_fails(c, bodies))
         await eventually(task.done, what="the loop's task raised")
-        # Nobody awaits the task: the exception must still be seen (not only retrieved).
-        (record,) = [r for r in caplog.records if r.exc_info and r.exc_info[0] is Boom]
+
+        # Nobody awaits the task: the exception must still be seen (not only retrieved). The
+        # task's done callbacks run a loop turn after it is done: wait for the record.
+        def boom_records() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.exc_info and r.exc_info[0] is Boom]
+
+        await eventually(boom_records, what="the loop's failure logged")
+        (record,) = boom_records()
         assert "go back for a retry" in record.getMessage()
         with pytest.raises(Boom):
             await task
