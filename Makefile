@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.test-installed
 JS_DIR := tests/compat/js
 JS_STAMP := $(JS_DIR)/node_modules/.installed
 
-.PHONY: run spark test check lint typecheck unit bench bench-deps bench-failover clean java etcd chaos bench-security fuzz
+.PHONY: run spark test check lint typecheck unit bench bench-queues bench-deps bench-failover clean java etcd chromium chaos bench-security bench-metrics fuzz
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,8 +59,16 @@ etcd:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q etcd-server; }
 
+# The web console's browser tests (tests/console) drive Debian's headless Chromium through its
+# chromedriver (Selenium is told both paths, so it downloads nothing); installed when missing.
+chromium:
+	@[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || { \
+		command -v apt-get >/dev/null || { echo "chromium and chromedriver are needed for tests/console"; exit 1; }; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium chromium-driver; }
+
 ## test: install what the tests need, then lint, type-check, check import rules and run every test
-test: $(TEST_STAMP) $(JS_STAMP) java etcd check
+test: $(TEST_STAMP) $(JS_STAMP) java etcd chromium check
 	$(PY) -m pytest -q -p no:cacheprovider
 
 check: lint typecheck
@@ -117,6 +125,16 @@ bench-failover: $(BENCH_STAMP) etcd
 bench-security: $(TEST_STAMP)
 	$(PY) benchmarks/bench_security.py --runs $(or $(RUNS),3)
 
+## bench-metrics: pipelined produce with metrics off vs on (scraped every second), A/B in turns,
+## and the loop time of one scrape of a broker with 10,000 queues
+bench-metrics: $(TEST_STAMP)
+	$(PY) benchmarks/bench_metrics.py --runs $(or $(RUNS),3)
+
+## bench-queues: cost per queue: 10,000 auto-created topics with one 100-byte message each
+## (disk, descriptors, RSS, create and restart time against issue 18's targets; ~2 min)
+bench-queues: $(TEST_STAMP)
+	$(PY) benchmarks/bench_queues.py --topics $(or $(QUEUES),10000)
+
 ## bench-deps: the peer brokers (Debian packages) and their Python clients, for `make bench`
 bench-deps: $(BENCH_STAMP)
 	@command -v redis-server >/dev/null && command -v nats-server >/dev/null \
@@ -128,11 +146,13 @@ bench-deps: $(BENCH_STAMP)
 
 ## bench: TideMQ side by side with Redis, NATS and RabbitMQ (~15 min); appends benchmarks/RESULTS.md;
 ## then restart time and memory with 1 GiB segments, empty and 10 GiB stores (~3 min, 10 GiB of disk);
-## then replication: SYNC_MASTER against one node and NATS R3, lag, a slave's catch-up (~6 min)
+## then replication: SYNC_MASTER against one node and NATS R3, lag, a slave's catch-up (~6 min);
+## then cost per queue (bench-queues, ~2 min)
 bench: bench-deps
 	$(PY) benchmarks/run_suite.py --runs $(or $(RUNS),3)
 	$(PY) benchmarks/bench_restart.py --store-gib $(or $(RESTART_GIB),10)
 	$(PY) benchmarks/bench_replication.py all --runs $(or $(RUNS),3)
+	$(PY) benchmarks/bench_queues.py --topics $(or $(QUEUES),10000)
 
 clean:
 	rm -rf $(VENV) $(JS_DIR)/node_modules .mypy_cache .ruff_cache

@@ -15,7 +15,11 @@ Cases (one topic of 4 queues, `--rows` messages with 100-byte bodies):
                  phases per broker: lookup, decide, publish), reported as a ratio to the
                  at-least-once sink of the same run
 
-Goal (issue 5): source / raw pull >= 0.8.
+Beside each sink case a probe times a cheap request to the broker every 10 ms (LagProbe): its
+p99 and max are how long any request waited behind the broker's event loop during the case.
+
+Goals: source / raw pull >= 0.8 (issue 5); sink eos / alo >= 0.5 with the probe's max
+<= 100 ms (issue 18).
 
 Usage: python benchmarks/bench_spark.py [--rows N] [--quick]
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -37,6 +42,8 @@ from bench_produce_consume import dev_server
 from tidemq.client.blocking import BlockingAdmin, BlockingProducer, BlockingPullConsumer
 from tidemq.client.message import Message
 from tidemq.protocol.bodies import MessageQueue
+from tidemq.protocol.codes import RequestCode
+from tidemq.protocol.frame import FrameDecoder, RemotingCommand, encode
 
 BODY_SIZE = 100
 TOPIC = "BenchSpark"
@@ -102,6 +109,63 @@ def raw_pull(namesrv: str, rows: int, threads: int) -> float:
     return rows / elapsed
 
 
+class LagProbe:
+    """Times a cheap request (GET_MAX_OFFSET, a read of the broker's memory) every 10 ms on its
+    own connection while a case runs: what any request (a heartbeat, a route query) waits
+    behind the broker's event loop. A blocking socket in a thread, not a client: the probe
+    must not share the bench's event loops."""
+
+    INTERVAL_S = 0.01
+
+    def __init__(self, broker_addr: str) -> None:
+        host, port = broker_addr.rsplit(":", 1)
+        self._sock = socket.create_connection((host, int(port)))
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.samples_ms: list[float] = []
+
+    def _run(self) -> None:
+        decoder = FrameDecoder()
+        opaque = 0
+        while not self._stop.wait(self.INTERVAL_S):
+            opaque += 1
+            request = RemotingCommand(
+                code=RequestCode.GET_MAX_OFFSET,
+                opaque=opaque,
+                ext_fields={"topic": TOPIC, "queueId": "0"},
+            )
+            start = time.perf_counter()
+            self._sock.sendall(encode(request))
+            while not decoder.feed(self._sock.recv(65536)):
+                pass
+            self.samples_ms.append((time.perf_counter() - start) * 1000)
+
+    def __enter__(self) -> LagProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()
+
+    def summary(self) -> str:
+        if not self.samples_ms:
+            return "no samples"
+        ordered = sorted(self.samples_ms)
+        p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        return f"probe p99 {p99:7.1f} ms, max {ordered[-1]:7.1f} ms ({len(ordered)} requests)"
+
+
+def broker_address(namesrv: str) -> str:
+    with BlockingAdmin(namesrv) as admin:
+        route = admin.topic_route(TOPIC)
+    addr = route.broker_datas[0].master_addr
+    assert addr is not None
+    return addr
+
+
 def spark_session(tmp: Path) -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -138,8 +202,11 @@ def source_rate(spark: Any, namesrv: str, rows: int) -> float:
     return rows / statistics.median(once() for _ in range(RUNS))
 
 
-def sink_rates(spark: Any, namesrv: str, rows: int) -> tuple[float, float]:
-    """(at-least-once, exactly-once) rows/s writing the same cached rows to one topic."""
+def sink_rates(
+    spark: Any, namesrv: str, rows: int
+) -> tuple[tuple[float, LagProbe], tuple[float, LagProbe]]:
+    """(at-least-once, exactly-once) rows/s writing the same cached rows to one topic, each with
+    the lag probe that ran beside it."""
     df = (
         spark.read.format("tidemq")
         .option("nameServer", namesrv)
@@ -150,18 +217,22 @@ def sink_rates(spark: Any, namesrv: str, rows: int) -> tuple[float, float]:
     )
     df.count()
 
-    def once(exactly_once: bool) -> float:
-        start = time.perf_counter()
-        (
-            df.write.format("tidemq")
-            .option("nameServer", namesrv)
-            .option("topic", TOPIC + "Out")
-            .option("exactlyOnce", str(exactly_once).lower())
-            .option("sendBatchSize", "256")
-            .mode("append")
-            .save()
-        )
-        return rows / (time.perf_counter() - start)
+    broker = broker_address(namesrv)
+
+    def once(exactly_once: bool) -> tuple[float, LagProbe]:
+        with LagProbe(broker) as probe:
+            start = time.perf_counter()
+            (
+                df.write.format("tidemq")
+                .option("nameServer", namesrv)
+                .option("topic", TOPIC + "Out")
+                .option("exactlyOnce", str(exactly_once).lower())
+                .option("sendBatchSize", "256")
+                .mode("append")
+                .save()
+            )
+            elapsed = time.perf_counter() - start
+        return rows / elapsed, probe
 
     # At least once first: it also creates the output topic the exactly-once END is routed by.
     return once(False), once(True)
@@ -184,7 +255,7 @@ def main() -> None:
             spark = spark_session(tmp)
             try:
                 source = source_rate(spark, namesrv, rows)
-                sink, sink_eos = sink_rates(spark, namesrv, rows)
+                (sink, probe), (sink_eos, probe_eos) = sink_rates(spark, namesrv, rows)
             finally:
                 spark.stop()
     print(f"TideMQ Spark connector, {rows} rows of {BODY_SIZE} B, local[2], {os.cpu_count()} cpus")
@@ -192,10 +263,13 @@ def main() -> None:
     print(f"{'raw pull (2 threads)':<24} {raw2:>10,.0f} rows/s")
     print(f"{'source (Arrow)':<24} {source:>10,.0f} rows/s  {source / raw1:5.2f}x raw pull")
     print(f"{'raw send_batch (1 thr)':<24} {raw_send:>10,.0f} rows/s")
-    print(f"{'sink, at least once':<24} {sink:>10,.0f} rows/s  {sink / raw_send:5.2f}x raw send")
+    print(
+        f"{'sink, at least once':<24} {sink:>10,.0f} rows/s  {sink / raw_send:5.2f}x raw send  "
+        f"{probe.summary()}"
+    )
     print(
         f"{'sink, exactly once':<24} {sink_eos:>10,.0f} rows/s  "
-        f"{sink_eos / sink:5.2f}x at least once"
+        f"{sink_eos / sink:5.2f}x at least once  {probe_eos.summary()}"
     )
 
 

@@ -17,6 +17,7 @@ import pytest
 from broker_harness import Harness, messages, running_broker
 
 from tidemq.broker.handlers.send_body import POISON_REMARK_PREFIX
+from tidemq.protocol import compression
 from tidemq.protocol import record as rec
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.message import (
@@ -157,17 +158,20 @@ async def test_refusals_are_logged_once_per_interval(
 
 
 @pytest.mark.parametrize("codec", [SysFlag.COMPRESSION_LZ4, SysFlag.COMPRESSION_ZSTD])
-async def test_a_body_another_codec_compressed_is_stored_as_sent(
+async def test_a_body_another_codec_compressed_is_checked_by_its_codec(
     broker: Harness, codec: int
 ) -> None:
-    """RocketMQ 5 producers name LZ4 or ZSTD in sysFlag bits 8-10; upstream stores such a body
-    unchanged and its consumers inflate it, so the zlib check must not refuse it."""
-    body = b"\x04\x22\x4d\x18 not zlib, another codec's frame"
+    """RocketMQ 5 producers name LZ4 or ZSTD in sysFlag bits 8-10: a body of that codec is
+    stored as sent, one that is not data of the codec it names is refused as a zlib one is."""
+    body = compression.compress(b"a body of another codec " * 200, codec, 5)
+    assert body is not None
     response = await broker.send(TOPIC, body, code=V2, sys_flag=COMPRESSED | codec)
     assert response.code == ResponseCode.SUCCESS, response.remark
     (record,) = stored(broker, TOPIC)
     assert record.body == body
     assert record.sys_flag & SysFlag.COMPRESSION_TYPE_MASK == codec
+    poison = await broker.send(TOPIC, POISON, code=V2, sys_flag=COMPRESSED | codec)
+    assert_poison_refused(poison)
     # Naming zlib explicitly is checked like the 4.x flag alone.
     named_zlib = await broker.send(
         TOPIC, POISON, code=V2, sys_flag=COMPRESSED | SysFlag.COMPRESSION_ZLIB

@@ -183,12 +183,17 @@ ROUND_TRIPS: list[tuple[Any, st.SearchStrategy[Any]]] = [
 ]
 
 
+# Written as fastjson writes a Map<MessageQueue, V>: object keys, not standard JSON.
+FASTJSON_MAP_FORM = (TopicStatsTable, ConsumeStats)
+
+
 @pytest.mark.parametrize(("cls", "strategy"), ROUND_TRIPS, ids=lambda v: getattr(v, "__name__", ""))
 @given(data=st.data())
 def test_round_trip(cls: Any, strategy: st.SearchStrategy[Any], data: st.DataObject) -> None:
     body = data.draw(strategy)
     encoded = body.to_json()
-    orjson.loads(encoded)  # standard JSON
+    if cls not in FASTJSON_MAP_FORM:
+        orjson.loads(encoded)  # standard JSON
     assert cls.from_json(encoded) == body
 
 
@@ -434,20 +439,18 @@ def test_lock_response_key_spelling() -> None:
     }
 
 
-def test_admin_stats_list_form() -> None:
+def test_admin_stats_fastjson_map_form() -> None:
     table = TopicStatsTable({MessageQueue("T", "b", 1): TopicOffset(0, 10, 5)})
-    assert orjson.loads(table.to_json()) == {
-        "offsetTable": [
-            {
-                "brokerName": "b",
-                "queueId": 1,
-                "topic": "T",
-                "minOffset": 0,
-                "maxOffset": 10,
-                "lastUpdateTimestamp": 5,
-            }
-        ]
-    }
+    assert table.to_json() == (
+        b'{"offsetTable":{{"brokerName":"b","queueId":1,"topic":"T"}:'
+        b'{"lastUpdateTimestamp":5,"maxOffset":10,"minOffset":0}}}'
+    )
+    # TideMQ's older list form is still read.
+    old = (
+        b'{"offsetTable":[{"brokerName":"b","queueId":1,"topic":"T","minOffset":0,'
+        b'"maxOffset":10,"lastUpdateTimestamp":5}]}'
+    )
+    assert TopicStatsTable.from_json(old) == table
 
 
 # ---------------------------------------------------------------------------------------------

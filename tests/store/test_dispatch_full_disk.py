@@ -7,8 +7,8 @@ was freed. Now the store re-dispatches by itself with backoff (store/dispatch_re
 by refused sends and by the broker's tick.
 
 The full disk is injected where it strikes, as tests/store/test_put_failures.py does: the
-creation of a consume-queue file raises OSError(ENOSPC) (a real posix_fallocate on a full disk
-does), for as long as the test keeps the disk "full".
+creation of a consume-queue file raises OSError(ENOSPC) (a real posix_fallocate of its first page
+on a full disk does), for as long as the test keeps the disk "full".
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tidemq.store.dispatch_retry import (
     DISPATCH_RETRY_INTERVAL_MS_MAX,
     DISPATCH_RETRY_INTERVAL_MS_MIN,
 )
-from tidemq.store.mapped_file import MappedFile
+from tidemq.store.lazy_file import LazyMappedFile, MappingCache
 from tidemq.testing import eventually_async, local_cluster
 
 TOPIC: Final = "FullDiskTopic"
@@ -46,16 +46,18 @@ class FullDisk:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, queue_dir: str) -> None:
         self.full = True
         self.refused = 0
-        real_create = MappedFile.create.__func__  # type: ignore[attr-defined]
+        real_create = LazyMappedFile.create_sparse.__func__  # type: ignore[attr-defined]
 
-        def create(cls: type[MappedFile], path: Path, start: int, size: int) -> MappedFile:
+        def create(
+            cls: type[LazyMappedFile], path: Path, start: int, size: int, cache: MappingCache
+        ) -> LazyMappedFile:
             if self.full and f"/consumequeue/{queue_dir}/" in str(path):
                 self.refused += 1
                 raise OSError(errno.ENOSPC, "injected: no space for a consume-queue file")
-            made: MappedFile = real_create(cls, path, start, size)
+            made: LazyMappedFile = real_create(cls, path, start, size, cache)
             return made
 
-        monkeypatch.setattr(MappedFile, "create", classmethod(create))
+        monkeypatch.setattr(LazyMappedFile, "create_sparse", classmethod(create))
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from tidemq.store import (
     PutStatus,
 )
 from tidemq.store.dispatch_retry import DISPATCH_RETRY_INTERVAL_MS_MAX
-from tidemq.store.mapped_file import MappedFile
+from tidemq.store.lazy_file import LazyMappedFile, MappingCache
 from tidemq.store.message_store import REPLICA_MODE_REFUSAL
 from tidemq.store.tools import dump, verify
 
@@ -416,15 +416,17 @@ def test_append_replica_needs_a_running_healthy_store(
     put_traffic(master, rng, 40)
     data = master.read_replica(0, SEGMENT)
     full = True
-    real_create = MappedFile.create.__func__  # type: ignore[attr-defined]
+    real_create = LazyMappedFile.create_sparse.__func__  # type: ignore[attr-defined]
 
-    def create(cls: type[MappedFile], path: Path, start: int, size: int) -> MappedFile:
+    def create(
+        cls: type[LazyMappedFile], path: Path, start: int, size: int, cache: MappingCache
+    ) -> LazyMappedFile:
         if full and "/consumequeue/" in str(path):
             raise OSError(errno.ENOSPC, "injected: no space for a consume-queue file")
-        made: MappedFile = real_create(cls, path, start, size)
+        made: LazyMappedFile = real_create(cls, path, start, size, cache)
         return made
 
-    monkeypatch.setattr(MappedFile, "create", classmethod(create))
+    monkeypatch.setattr(LazyMappedFile, "create_sparse", classmethod(create))
     with pytest.raises(StoreError, match="dispatch of replicated records failed"):
         slave.append_replica(0, data)
     written = slave.max_physical_offset

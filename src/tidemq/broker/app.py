@@ -44,16 +44,19 @@ from tidemq.broker.handlers.pull import PullHandler
 from tidemq.broker.handlers.query import QueryHandlers
 from tidemq.broker.handlers.send import SendHandler
 from tidemq.broker.handlers.send_back import SendBackHandler
+from tidemq.broker.metrics import BrokerMetrics
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.pull_hold import PullHoldService
 from tidemq.broker.registration import RegistrationService
 from tidemq.broker.replication import ControlledRole, Replication
 from tidemq.broker.schedule import DelayRouter, ScheduleService
 from tidemq.broker.service import PeriodicService
+from tidemq.broker.stats import BrokerStats
 from tidemq.broker.timer import TimerWheel
 from tidemq.broker.tls_setup import check_tls_files, outbound_ssl
 from tidemq.broker.topic_adopt import TopicAdopter
 from tidemq.broker.topics import TopicTable
+from tidemq.broker.trace import broker_trace, start_trace, stop_trace
 from tidemq.broker.transaction.admin import TransactionAdminHandlers
 from tidemq.broker.transaction.batch import SinkBatchResolver
 from tidemq.broker.transaction.check_back import CheckBackConfig, CheckBackService
@@ -150,6 +153,9 @@ class BrokerApp:
             timer_max_delay_ms=config.timer_max_delay_sec * 1000,
         )
         self.transaction_stats = TransactionStats()
+        self.stats = BrokerStats(config.broker_cluster_name, clock.now_ms)
+        self.metrics = BrokerMetrics(config)  # the stats sampler, loop lag, PROM exporter
+        self.trace = broker_trace(config, store, self.topics, self.clients, clock, self.advertised)
         self.transactions, self.sink_batches = self._transaction_parts()
         self.check_back: CheckBackService | None = None
         self.visibility: VisibilityGate | None = None
@@ -262,6 +268,7 @@ class BrokerApp:
             self.sink_batches.rebuild()
         self.pull_hold.start()
         self._listen_to_dispatch()
+        start_trace(config, self.topics, self.trace)
         self.flush = FlushService(
             self.store.flush,
             sync=config.flush_disk_type == "SYNC_FLUSH",
@@ -300,6 +307,7 @@ class BrokerApp:
         self._periodic = self._periodic_services()
         for service in self._periodic:
             service.start()
+        await self.metrics.start(self)
         self.check_back = CheckBackService(
             CheckBackConfig.from_broker(config),
             self.transactions,
@@ -402,6 +410,7 @@ class BrokerApp:
 
     def _handler_table(self, durability: Durability) -> HandlerTable:
         table = HandlerTable()
+        table.observer = self.metrics.rpc
         gate = self.acl.gate if self.acl is not None else NO_ACL
         SendHandler(
             self.config,
@@ -413,6 +422,8 @@ class BrokerApp:
             self.transactions,
             self.delays,
             clock=self.clock,
+            stats=self.stats,
+            trace=self.trace,
         ).register(table)
         SendBackHandler(
             self.config,
@@ -423,25 +434,10 @@ class BrokerApp:
             durability,
             self.delays,
             gate,
+            stats=self.stats,
         ).register(table)
         self._register_transaction_handlers(table, durability, gate)
-        PullHandler(
-            self.config,
-            self.store,
-            self.topics,
-            self.groups,
-            self.offsets,
-            self.clients,
-            self.pull_hold,
-            visible_end=self._visible_end(),
-        ).register(table)
-        OffsetHandlers(
-            self.store,
-            self.offsets,
-            self.topics,
-            is_slave=self.config.is_slave,
-            visible_end=self._visible_end(),
-        ).register(table)
+        self._register_consume_handlers(table)
         ClientHandlers(
             self.clock,
             self.clients,
@@ -462,15 +458,38 @@ class BrokerApp:
             delay_offsets=self.schedule.to_json,
             timer_progress=self.timer.progress_doc,
             ha_fields=self.replication.runtime_fields,
+            stats=self.stats,  # with groups: also the operations of admin_ops.py
         ).register(table)
         QueryHandlers(self.store, self.clock, gate).register(table)
         return table
+
+    def _register_consume_handlers(self, table: HandlerTable) -> None:
+        PullHandler(
+            self.config,
+            self.store,
+            self.topics,
+            self.groups,
+            self.offsets,
+            self.clients,
+            self.pull_hold,
+            visible_end=self._visible_end(),
+            stats=self.stats,
+            trace=self.trace,
+        ).register(table)
+        OffsetHandlers(
+            self.store,
+            self.offsets,
+            self.topics,
+            is_slave=self.config.is_slave,
+            visible_end=self._visible_end(),
+            trace=self.trace,
+        ).register(table)
 
     def _register_transaction_handlers(
         self, table: HandlerTable, durability: Durability, gate: AccessGate
     ) -> None:
         EndTransactionHandler(
-            self.config, self.transactions, durability.wait_durable, gate
+            self.config, self.transactions, durability.wait_durable, gate, trace=self.trace
         ).register(table)
         EndBatchHandler(
             self.config,
@@ -525,6 +544,7 @@ class BrokerApp:
             await self.registration.stop()
             if self._server is not None and self._server.ports:
                 await self.registration.unregister_all()
+        await self.metrics.stop()
         await self.pull_hold.stop()
         if self._server is not None:
             await self._server.stop()
@@ -534,6 +554,7 @@ class BrokerApp:
             await self.check_back.stop()
         await self.schedule.stop()
         await self.timer.stop()
+        await stop_trace(self.trace)
         for service in reversed(self._periodic):
             await service.stop()
         self._periodic = []

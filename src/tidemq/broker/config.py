@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 ENV_PREFIX: Final = "TIDEMQ_"
 FLUSH_DISK_TYPES: Final = ("ASYNC_FLUSH", "SYNC_FLUSH")
 BROKER_ROLES: Final = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+METRICS_EXPORTER_TYPES: Final = ("DISABLE", "PROM")
 # Roles that cannot run without the HA secret: a SLAVE must prove itself to its master, and a
 # SYNC_MASTER's acknowledgements mean nothing unless only authenticated slaves can report
 # offsets (upstream's open HA port lets anyone fake an ack: spec/ha.md §2, #3015, #1155).
@@ -151,6 +152,12 @@ class BrokerConfig:
     message_delay_level: str = DELAY_LEVELS_DEFAULT
     timer_max_delay_sec: int = TIMER_MAX_DELAY_SEC_DEFAULT
     enable_property_filter: bool = False
+    # Message trace (broker/trace.py): upstream's traceTopicEnable and msgTraceTopicName, and
+    # TideMQ's broker-side trace; brokerTraceTopics "" = every non-system topic, else a list.
+    trace_topic_enable: bool = False
+    msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"
+    broker_trace_enable: bool = False
+    broker_trace_topics: str = ""
     # What start-up does with commit-log corruption that is not a torn tail (store/recovery.py):
     # "refuse" to start, or "quarantine" the damaged segments and start from the valid prefix.
     corrupt_policy: str = "refuse"
@@ -208,6 +215,12 @@ class BrokerConfig:
     tls_client_key_password: str = field(default="", repr=False)
     tls_client_trust_cert_path: Path | None = None
     tls_client_auth_server: bool = True
+    # Metrics (issue 17), RocketMQ 5's keys: DISABLE, or PROM (Prometheus text over HTTP on
+    # metricsPromExporterHost:Port; empty host: brokerIP1, as upstream). OTLP_GRPC and LOG are
+    # upstream's too, refused here (not implemented).
+    metrics_exporter_type: str = "DISABLE"
+    metrics_prom_exporter_host: str = ""
+    metrics_prom_exporter_port: int = 5557
 
     def __post_init__(self) -> None:
         self._check_identity()
@@ -217,6 +230,14 @@ class BrokerConfig:
         self._check_replication()
         self._check_tls()
         self._check_acl()
+        if self.metrics_exporter_type not in METRICS_EXPORTER_TYPES:
+            raise _bad(
+                "metricsExporterType",
+                self.metrics_exporter_type,
+                f"must be {' or '.join(METRICS_EXPORTER_TYPES)} (OTLP_GRPC and LOG: not in TideMQ)",
+            )
+        if not 0 <= self.metrics_prom_exporter_port <= 65535:
+            raise _bad("metricsPromExporterPort", self.metrics_prom_exporter_port, "not a port")
         for addr in self.namesrv_addrs:
             _check_addr("namesrvAddr", addr)
 

@@ -314,6 +314,20 @@ KEYS: Final[tuple[ConfigKey, ...]] = (
     ),
     ConfigKey("timerMaxDelaySec", "timer_max_delay_sec", parse_int, "Latest TIMER_DELIVER_MS, s."),
     ConfigKey("enablePropertyFilter", "enable_property_filter", parse_bool, "Allow SQL92 filters."),
+    ConfigKey("traceTopicEnable", "trace_topic_enable", parse_bool, "Create the trace topic."),
+    ConfigKey("msgTraceTopicName", "msg_trace_topic_name", _parse_str, "Topic of trace records."),
+    ConfigKey(
+        "brokerTraceEnable",
+        "broker_trace_enable",
+        parse_bool,
+        "Write message trace records from the broker (TideMQ extension; docs/operations.md).",
+    ),
+    ConfigKey(
+        "brokerTraceTopics",
+        "broker_trace_topics",
+        _parse_str,
+        "Comma list of traced topics; empty: every non-system topic (TideMQ extension).",
+    ),
     ConfigKey(
         "corruptPolicy",
         "corrupt_policy",
@@ -536,5 +550,24 @@ KEYS: Final[tuple[ConfigKey, ...]] = (
         parse_bool,
         "Verify the server's certificate and its name or IP address (upstream's default is"
         " false; TideMQ's is true).",
+    ),
+    ConfigKey(
+        "metricsExporterType",
+        "metrics_exporter_type",
+        _parse_upper,
+        "DISABLE | PROM: serve Prometheus metrics over HTTP (docs/operations.md). Upstream's"
+        " OTLP_GRPC and LOG are refused.",
+    ),
+    ConfigKey(
+        "metricsPromExporterHost",
+        "metrics_prom_exporter_host",
+        _parse_str,
+        "Address the PROM exporter listens on. Empty: brokerIP1 (as upstream); 0.0.0.0: all.",
+    ),
+    ConfigKey(
+        "metricsPromExporterPort",
+        "metrics_prom_exporter_port",
+        parse_int,
+        "Port of the PROM exporter (GET /metrics).",
     ),
 )

@@ -12,6 +12,13 @@ autoCreateSubscriptionGroup is on (RocketMQ's default); otherwise only admin-cre
 and the others get SUBSCRIPTION_GROUP_NOT_EXIST. A pull only looks (`lookup`): it is served with
 the defaults but creates nothing, so a stream of pulls with made-up names cannot grow the table.
 At most GROUPS_MAX groups are auto-created.
+
+Upstream's system groups (SYSTEM_GROUPS, which its SubscriptionGroupManager creates at start)
+always exist here: a lookup or heartbeat of one gets the defaults even when
+autoCreateSubscriptionGroup is off, so the tools' reads (Admin.query_messages_by_time, the
+console's message pages: pulls as TOOLS_CONSUMER) work on any broker. Unlike upstream they are
+not stored, so they are not listed by GET_ALL_SUBSCRIPTIONGROUP_CONFIG nor written to the file
+(until an admin puts one), and they do not count against GROUPS_MAX.
 """
 
 from __future__ import annotations
@@ -36,6 +43,21 @@ RETRY_MAX_TIMES_DEFAULT: Final = 16
 # clusters have hundreds; the bound keeps a client inventing names from growing the table and
 # the persisted file without limit.
 GROUPS_MAX: Final = 10_000
+
+# Upstream's SubscriptionGroupManager creates these at start (MixAll's group names): the admin
+# tools' consumer, the filter server's, the self-test group, the ONS proxy and API groups, and
+# the transaction checker's.
+SYSTEM_GROUPS: Final = (
+    "TOOLS_CONSUMER",
+    "FILTERSRV_CONSUMER",
+    "SELF_TEST_C_GROUP",
+    "CID_ONS-HTTP-PROXY",
+    "CID_ONSAPI_PULL",
+    "CID_ONSAPI_PERMISSION",
+    "CID_ONSAPI_OWNER",
+    "CID_RMQ_SYS_TRANS",
+)
+_SYSTEM: Final = frozenset(SYSTEM_GROUPS)
 
 _WIRE_NAMES: Final = (
     ("group_name", "groupName"),
@@ -171,6 +193,8 @@ class SubscriptionGroupTable:
     def find_or_create(self, group: str) -> SubscriptionGroupConfig | None:
         """The group's config; created with defaults when auto-create is on, else None."""
         existing = self._groups.get(group)
+        if existing is None and group in _SYSTEM:
+            return SubscriptionGroupConfig(group_name=group)
         if existing is not None or not self._auto_create:
             return existing
         if len(self._groups) >= self._groups_max:
@@ -182,9 +206,10 @@ class SubscriptionGroupTable:
         return config
 
     def lookup(self, group: str) -> SubscriptionGroupConfig | None:
-        """The group's config, or (auto-create on) the defaults without storing them."""
+        """The group's config, or (auto-create on, or a system group) the defaults without
+        storing them."""
         existing = self._groups.get(group)
-        if existing is not None or not self._auto_create:
+        if existing is not None or not (self._auto_create or group in _SYSTEM):
             return existing
         return SubscriptionGroupConfig(group_name=group)
 

@@ -9,7 +9,13 @@ The broker sends REGISTER_BROKER (103) to every name server every registerNameSe
 and `bodyCrc32` = CRC32(body) & 0x7FFFFFFF in the header. Name servers are independent: each gets
 its own request concurrently, and one that is down or slow only produces a log line. A burst of
 topic changes (a heartbeat creating several retry topics) is coalesced into one round, since
-`trigger()` only wakes the periodic loop. At shutdown the broker unregisters (104) from each.
+`trigger()` only wakes the periodic loop. A round costs the name servers O(topics) (they decode
+the whole table). With a table of fewer than ROUND_SPACING_MIN_TOPICS topics a round is cheap and
+a change re-registers at once: a producer must not fall back to TBW102's queues because a new
+topic's route waits. With a larger table rounds are spaced by ROUND_GAP_FACTOR times the last
+round's duration (at most ROUND_GAP_MAX_S; about a second with 10,000 topics), since a burst of
+auto-created topics would otherwise keep the name servers decoding, clients' route lookups queued
+behind. At shutdown the broker unregisters (104) from each.
 
 A name server keeps its route table in memory only: one that restarts knows no broker until it
 hears from each again, and meanwhile answers TOPIC_NOT_EXIST to clients that ask it. So the
@@ -67,6 +73,14 @@ RETRY_DELAY_MS_MIN: Final = 100
 # Retries back off to this: the most a restarted name server waits for our routes once it accepts
 # again. A refused connect costs microseconds, so one attempt a second is cheap while it is down.
 RETRY_DELAY_MS_MAX: Final = 1_000
+# A round starts no sooner than this many times the last round's duration after it ended: the
+# name servers spend at most 1 / (1 + factor) of their time on this broker's rounds.
+ROUND_GAP_FACTOR: Final = 4.0
+# ... and never more than this (a round that timed out says nothing of the table's cost).
+ROUND_GAP_MAX_S: Final = 2.0
+# Rounds are spaced only for a table at least this large (~140 KB of body): below it a round
+# costs the name servers about a millisecond, and a slow round means load, not table size.
+ROUND_SPACING_MIN_TOPICS: Final = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +119,7 @@ class RegistrationService:
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
         self.rounds = 0
+        self._next_round_at = 0.0  # loop time before which no round starts (ROUND_GAP_FACTOR)
 
     def start(self) -> None:
         self._topics.add_change_listener(self.trigger)
@@ -133,8 +148,18 @@ class RegistrationService:
         addrs = self._config.namesrv_addrs
         if not addrs:
             return
+        loop = asyncio.get_running_loop()
+        if (wait := self._next_round_at - loop.time()) > 0:
+            await asyncio.sleep(wait)
         self.rounds += 1
+        started = loop.time()
         await asyncio.gather(*(self._register(addr) for addr in addrs))
+        ended = loop.time()
+        if len(self._topics) >= ROUND_SPACING_MIN_TOPICS:
+            gap = min(ROUND_GAP_MAX_S, ROUND_GAP_FACTOR * (ended - started))
+            self._next_round_at = ended + gap
+        else:
+            self._next_round_at = 0.0
 
     async def _register(self, addr: str) -> None:
         """One REGISTER_BROKER to `addr`; on failure the retry loop takes `addr` over."""

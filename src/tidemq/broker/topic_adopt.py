@@ -14,6 +14,11 @@ table. So a controller-mode master adopts such topics:
 An adopted topic gets as many queues as the highest queue id seen + 1 (at least 1), growing
 when a record lands on a higher one: what the log proves, nothing invented; an operator can
 widen it with `tidemq topic update`.
+
+Only a controller-mode master adopts. Any other broker recovers its topics from topics.json and
+its journal alone (topics.py: every change is on disk before its answer leaves), so a restart
+after a kill -9 serves exactly the topics it had answered for. Adoption writes like
+auto-creation (journaled at the end of the turn); widening a topic is a put (written at once).
 """
 
 from __future__ import annotations

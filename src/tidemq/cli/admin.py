@@ -14,16 +14,24 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidemq.cli import cluster as cli_cluster
-from tidemq.cli import dlq, lookup
+from tidemq.cli import dlq, lookup, ops
+from tidemq.cli import trace as cli_trace
 from tidemq.cli.credentials import add_options, credentials_of
 from tidemq.cli.hints import fail, property_pair, time_ms
 from tidemq.cli.lookup import print_message
+from tidemq.cli.output import add_json_flag, emit_json, wants_json
+from tidemq.cli.progress import track
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.errors import QueueError
+
+if TYPE_CHECKING:
+    from tidemq.client.blocking import BlockingPullConsumer
+    from tidemq.client.selector import MessageSelector
+    from tidemq.protocol.bodies import MessageQueue
 
 
 def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
@@ -34,6 +42,7 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
     _add_parsers_consume(verbs, namesrv_default)
     _add_parsers_message(verbs, namesrv_default)
     _add_parsers_group(verbs, namesrv_default)
+    ops.add_parsers(verbs, namesrv_default=namesrv_default)  # consumer, producer, broker status
 
 
 def _verb(verbs: Any, name: str, help_text: str) -> argparse.ArgumentParser:
@@ -69,17 +78,18 @@ def _add_parsers_topic(verbs: Any, namesrv_default: str) -> None:
     listing = _with_namesrv(
         actions.add_parser("list", help="every topic the name server knows"), namesrv_default
     )
-    listing.set_defaults(run=run_topic_list)
+    add_json_flag(listing).set_defaults(run=run_topic_list)
     route = _with_namesrv(
         actions.add_parser("route", help="brokers and queues of a topic"), namesrv_default
     )
     route.add_argument("-t", "--topic", required=True)
-    route.set_defaults(run=run_topic_route)
+    add_json_flag(route).set_defaults(run=run_topic_route)
     stats = _with_namesrv(
         actions.add_parser("stats", help="min/max offset per queue"), namesrv_default
     )
     stats.add_argument("-t", "--topic", required=True)
-    stats.set_defaults(run=run_topic_stats)
+    add_json_flag(stats).set_defaults(run=run_topic_stats)
+    ops.add_topic_actions(actions, namesrv_default)  # delete
 
 
 def _add_parsers_cluster(verbs: Any, namesrv_default: str) -> None:
@@ -166,7 +176,9 @@ def _add_parsers_message(verbs: Any, namesrv_default: str) -> None:
     found_by.add_argument(
         "-i", "--id", help="the msgId or the offsetMsgId that send and consume print"
     )
-    query.set_defaults(run=lookup.run_message_query)
+    add_json_flag(query).set_defaults(run=lookup.run_message_query)
+    ops.add_message_actions(actions, namesrv_default)  # resend
+    cli_trace.add_parser(actions, _with_namesrv, namesrv_default)  # trace
 
 
 def _add_parsers_group(verbs: Any, namesrv_default: str) -> None:
@@ -175,8 +187,9 @@ def _add_parsers_group(verbs: Any, namesrv_default: str) -> None:
     progress = _with_namesrv(actions.add_parser("progress", help="lag per queue"), namesrv_default)
     progress.add_argument("-g", "--group", required=True)
     progress.add_argument("-t", "--topic", default=None)
-    progress.set_defaults(run=lookup.run_group_progress)
+    add_json_flag(progress).set_defaults(run=lookup.run_group_progress)
     dlq.add_group_actions(actions, namesrv_default=namesrv_default)  # reset-offset
+    ops.add_group_actions(actions, namesrv_default)  # list, delete
 
 
 def _admin(args: argparse.Namespace) -> Any:
@@ -209,6 +222,9 @@ def run_topic_list(args: argparse.Namespace) -> int:
             topics = admin.topic_list()
     except QueueError as error:
         return fail(error, args)
+    if wants_json(args):
+        emit_json({"topics": topics})
+        return 0
     for name in topics:
         print(name)
     return 0
@@ -220,6 +236,9 @@ def run_topic_route(args: argparse.Namespace) -> int:
             route = admin.topic_route(args.topic)
     except QueueError as error:
         return fail(error, args)
+    if wants_json(args):
+        emit_json(route)
+        return 0
     rows = [["BROKER", "ADDRESSES", "READ", "WRITE", "PERM"]]
     addresses = {b.broker_name: b.broker_addrs for b in route.broker_datas}
     for queue in sorted(route.queue_datas, key=lambda q: q.broker_name):
@@ -245,6 +264,23 @@ def run_topic_stats(args: argparse.Namespace) -> int:
             stats = admin.topic_stats(args.topic)
     except QueueError as error:
         return fail(error, args)
+    if wants_json(args):
+        emit_json(
+            {
+                "topic": args.topic,
+                "queues": [
+                    {
+                        "broker_name": queue.broker_name,
+                        "queue_id": queue.queue_id,
+                        "min_offset": offset.min_offset,
+                        "max_offset": offset.max_offset,
+                        "last_update_timestamp": offset.last_update_timestamp,
+                    }
+                    for queue, offset in stats.offset_table.items()
+                ],
+            }
+        )
+        return 0
     rows = [["BROKER", "QUEUE", "MIN", "MAX", "LAST UPDATE"]]
     for queue, offset in stats.offset_table.items():
         rows.append(
@@ -280,11 +316,15 @@ def run_send(args: argparse.Namespace) -> int:
         print(f"tidemq: {error}", file=sys.stderr)
         return 2
     try:
-        with BlockingProducer(
-            args.group, args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
-        ) as producer:
+        with (
+            BlockingProducer(
+                args.group, args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
+            ) as producer,
+            track("sending", args.count, show=args.count > 1) as bar,
+        ):
             for _ in range(args.count):
                 result = producer.send(message)
+                bar.advance()
                 queue = result.message_queue
                 print(
                     f"{result.status.name} msgId={result.msg_id} offsetMsgId={result.offset_msg_id}"
@@ -297,17 +337,19 @@ def run_send(args: argparse.Namespace) -> int:
 
 def run_consume(args: argparse.Namespace) -> int:
     from tidemq.client.blocking import BlockingPullConsumer
-    from tidemq.client.message import PullStatus
     from tidemq.client.selector import MessageSelector
 
     selector = (
         MessageSelector.by_sql(args.sql) if args.sql else MessageSelector.by_tag(args.expression)
     )
-    received = skipped = 0
+    counts = _Counts()
     try:
-        with BlockingPullConsumer(
-            args.group, args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
-        ) as consumer:
+        with (
+            BlockingPullConsumer(
+                args.group, args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
+            ) as consumer,
+            track("consuming", args.count) as bar,
+        ):
             queues = consumer.fetch_subscribe_message_queues(args.topic)
             offsets = {}
             for queue in queues:
@@ -316,28 +358,11 @@ def run_consume(args: argparse.Namespace) -> int:
                     consumer.min_offset(queue) if args.from_beginning or start < 0 else start
                 )
             idle_since = time.monotonic()
-            while args.count is None or received < args.count:
-                progressed = False
-                for queue in queues:
-                    result = consumer.pull(queue, selector, offsets[queue], 32)
-                    # Undecodable records are skipped (the offset moves past them), not fatal.
-                    for bad in result.undecodable:
-                        skipped += 1
-                        print(
-                            f"skipped undecodable message [{queue.broker_name}:{queue.queue_id}"
-                            f"@{bad.queue_offset}]: {bad.reason}",
-                            file=sys.stderr,
-                        )
-                    for message in result.messages:
-                        if args.count is not None and received >= args.count:
-                            break
-                        received += 1
-                        offsets[queue] = message.queue_offset + 1
-                        print_message(message)
-                    else:
-                        offsets[queue] = result.next_begin_offset
-                    progressed |= result.status is PullStatus.FOUND
-                    consumer.update_consumer_offset(queue, offsets[queue])
+            while args.count is None or counts.received < args.count:
+                before = counts.received
+                found = [_pull_once(args, consumer, selector, q, offsets, counts) for q in queues]
+                progressed = any(found)  # every queue is pulled each round, found or not
+                bar.advance(counts.received - before)
                 if progressed:
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since > args.wait_seconds:
@@ -346,9 +371,49 @@ def run_consume(args: argparse.Namespace) -> int:
                     time.sleep(0.05)  # polling a CLI loop; long polling serves real consumers
     except QueueError as error:
         return fail(error, args)
-    summary = f", {skipped} undecodable skipped" if skipped else ""
-    print(f"{received} message(s){summary}", file=sys.stderr)
+    summary = f", {counts.skipped} undecodable skipped" if counts.skipped else ""
+    print(f"{counts.received} message(s){summary}", file=sys.stderr)
     return 0
+
+
+class _Counts:
+    """What `consume` has printed and skipped so far."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.skipped = 0
+
+
+def _pull_once(
+    args: argparse.Namespace,
+    consumer: BlockingPullConsumer,
+    selector: MessageSelector,
+    queue: MessageQueue,
+    offsets: dict[MessageQueue, int],
+    counts: _Counts,
+) -> bool:
+    """Pull one batch of `queue`, print it and commit; whether messages were found."""
+    from tidemq.client.message import PullStatus
+
+    result = consumer.pull(queue, selector, offsets[queue], 32)
+    # Undecodable records are skipped (the offset moves past them), not fatal.
+    for bad in result.undecodable:
+        counts.skipped += 1
+        print(
+            f"skipped undecodable message [{queue.broker_name}:{queue.queue_id}"
+            f"@{bad.queue_offset}]: {bad.reason}",
+            file=sys.stderr,
+        )
+    for message in result.messages:
+        if args.count is not None and counts.received >= args.count:
+            break
+        counts.received += 1
+        offsets[queue] = message.queue_offset + 1
+        print_message(message)
+    else:
+        offsets[queue] = result.next_begin_offset
+    consumer.update_consumer_offset(queue, offsets[queue])
+    return bool(result.status is PullStatus.FOUND)
 
 
 def _when(timestamp_ms: int) -> str:

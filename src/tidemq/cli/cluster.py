@@ -36,6 +36,7 @@ from typing import Final
 
 from tidemq.cli.credentials import add_options, credentials_of
 from tidemq.cli.hints import fail
+from tidemq.cli.output import add_json_flag, emit_json, wants_json
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.client.admin import Admin
@@ -230,7 +231,7 @@ def add_actions(
     )
     add_options(listing)  # --access-key / --secret-key
     add_client_flags(listing, default=argparse.SUPPRESS)  # --tls, --tls-ca, ...
-    listing.set_defaults(run=run_cluster_list)
+    add_json_flag(listing).set_defaults(run=run_cluster_list)
 
 
 def run_cluster_list(args: argparse.Namespace) -> int:
@@ -240,5 +241,22 @@ def run_cluster_list(args: argparse.Namespace) -> int:
         )
     except QueueError as error:
         return fail(error, args)
+    if wants_json(args):
+        emit_json({"brokers": [_broker_document(a) for a in answers]})
+        return 0
     print_table(cluster_rows(answers))
     return 0
+
+
+def _broker_document(answer: BrokerAnswer) -> dict[str, object]:
+    """One broker for --json: who it is and its runtime info as it answered (None: it did not,
+    and `error` says why)."""
+    return {
+        "cluster": answer.cluster,
+        "broker_name": answer.broker_name,
+        "broker_id": answer.broker_id,
+        "addr": answer.addr,
+        "reachable": answer.info is not None,
+        "error": answer.error,
+        "runtime_info": dict(answer.info) if answer.info is not None else None,
+    }

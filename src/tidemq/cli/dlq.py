@@ -34,6 +34,8 @@ from typing import Any, Final
 from tidemq.cli.credentials import add_options, credentials_of
 from tidemq.cli.hints import run_verb, time_ms
 from tidemq.cli.lookup import online
+from tidemq.cli.output import add_json_flag, emit_json, message_document, wants_json
+from tidemq.cli.progress import track
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.client import api
@@ -84,7 +86,7 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
     actions = dlq.add_subparsers(dest="action", required=True)
     listing = _common(actions.add_parser("list", help="dead letters of a group"), namesrv_default)
     listing.add_argument("--limit", type=int, default=100, help="rows shown")
-    listing.set_defaults(run=run_dlq_list)
+    add_json_flag(listing).set_defaults(run=run_dlq_list)
     resend = _common(
         actions.add_parser("resend", help="send dead letters to their original topic again"),
         namesrv_default,
@@ -110,10 +112,22 @@ def add_group_actions(group_actions: Any, *, namesrv_default: str) -> None:
         metavar="TIME",
         help="ms since the epoch or a date-time: 2026-11-25T10:00 (local), 2026-11-25T10:00Z",
     )
+    to.add_argument(
+        "--timestamp",
+        type=time_ms,
+        metavar="TIME",
+        help="as mqadmin resetOffsetByTime: the brokers reset the offsets and tell the group's "
+        "live consumers (no need to stop them); ms since the epoch or a date-time",
+    )
     to.add_argument("--to-earliest", action="store_true", help="each queue's first offset")
     to.add_argument("--to-latest", action="store_true", help="each queue's end (skip all)")
-    reset.add_argument("--force", action="store_true", help="even while consumers are online")
-    reset.set_defaults(run=run_group_reset_offset)
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="even while consumers are online; with --timestamp: move queues forward too "
+        "(mqadmin's isForce; without it only queues it moves back are reset)",
+    )
+    add_json_flag(reset).set_defaults(run=run_group_reset_offset)
 
 
 def _common(parser: argparse.ArgumentParser, namesrv_default: str) -> argparse.ArgumentParser:
@@ -191,6 +205,9 @@ async def _list(args: argparse.Namespace) -> int:
         args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
     ) as admin:
         queues = await _dlq_queues(admin, args.group)
+        if not queues and wants_json(args):
+            emit_json({"group": args.group, "dead_letters": []})
+            return 0
         if not queues:
             print(f"no dead letters for group {args.group}")
             return 0
@@ -208,6 +225,10 @@ async def _list(args: argparse.Namespace) -> int:
             await _read(
                 admin, args.group, queue, unsent_only=False, limit=remaining, on_letter=keep
             )
+    if wants_json(args):
+        documents = [{**message_document(x.message), "resent": x.resent} for x in letters]
+        emit_json({"group": args.group, "dead_letters": documents})
+        return 0
     for letter in letters:
         m = letter.message
         body = m.body.decode("utf-8", errors="replace")[:BODY_PREVIEW_CHARS]
@@ -269,11 +290,19 @@ async def _resend(args: argparse.Namespace) -> int:
             done_below = letter.message.queue_offset + 1
             await api.update_consumer_offset(admin.instance, args.group, letter.queue, done_below)
 
-        for queue in await _dlq_queues(admin, args.group) or []:
-            limit = None if args.count is None else args.count - sent - skipped
-            if limit is not None and limit <= 0:
-                break
-            await _read(admin, args.group, queue, unsent_only=True, limit=limit, on_letter=resend)
+        with track("resending", args.count) as bar:
+
+            async def resend_one(letter: DeadLetter) -> None:
+                await resend(letter)
+                bar.advance()
+
+            for queue in await _dlq_queues(admin, args.group) or []:
+                limit = None if args.count is None else args.count - sent - skipped
+                if limit is not None and limit <= 0:
+                    break
+                await _read(
+                    admin, args.group, queue, unsent_only=True, limit=limit, on_letter=resend_one
+                )
     print(f"{sent} dead letter(s) resent" + (f", {skipped} skipped" if skipped else ""))
     return 0
 
@@ -293,6 +322,8 @@ async def _reset(args: argparse.Namespace) -> int:
     async with Admin(
         args.namesrv_addr, credentials=credentials_of(args), tls=tls_of(args)
     ) as admin:
+        if args.timestamp is not None:
+            return await _reset_by_brokers(admin, args)
         route = await admin.topic_route(args.topic)
         if not args.force and await online(
             admin, args.group, sorted(master_addresses(route).values())
@@ -303,18 +334,63 @@ async def _reset(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-        rows = [["BROKER", "QUEUE", "OLD", "NEW"]]
+        moved: list[tuple[MessageQueue, int, int]] = []
         instance = admin.instance
-        for queue in subscribe_queues(args.topic, route):
-            if args.to_earliest:
-                offset = await api.min_offset(instance, queue)
-            elif args.to_latest:
-                offset = await api.max_offset(instance, queue)
-            else:
-                offset = await api.search_offset(instance, queue, args.to_time)
-            old = await api.query_consumer_offset(instance, args.group, queue)
-            await api.update_consumer_offset(instance, args.group, queue, offset)
-            rows.append([queue.broker_name, str(queue.queue_id), str(old), str(offset)])
+        queues = subscribe_queues(args.topic, route)
+        with track("resetting", len(queues)) as bar:
+            for queue in queues:
+                offset = await _target_offset(admin, queue, args)
+                old = await api.query_consumer_offset(instance, args.group, queue)
+                await api.update_consumer_offset(instance, args.group, queue, offset)
+                moved.append((queue, old, offset))
+                bar.advance()
+    if wants_json(args):
+        documents = [
+            {"broker_name": q.broker_name, "queue_id": q.queue_id, "old": old, "offset": new}
+            for q, old, new in moved
+        ]
+        emit_json({"group": args.group, "topic": args.topic, "queues": documents})
+        return 0
+    rows = [["BROKER", "QUEUE", "OLD", "NEW"]]
+    rows += [[q.broker_name, str(q.queue_id), str(old), str(new)] for q, old, new in moved]
+    print_table(rows)
+    return 0
+
+
+async def _target_offset(admin: Admin, queue: MessageQueue, args: argparse.Namespace) -> int:
+    """Where --to-earliest, --to-latest or --to-time puts `queue`."""
+    instance = admin.instance
+    if args.to_earliest:
+        return await api.min_offset(instance, queue)
+    if args.to_latest:
+        return await api.max_offset(instance, queue)
+    return await api.search_offset(instance, queue, args.to_time)
+
+
+async def _reset_by_brokers(admin: Admin, args: argparse.Namespace) -> int:
+    """--timestamp: INVOKE_BROKER_TO_RESET_OFFSET on every broker of the topic (Admin), which
+    also tells live consumers (RESET_CONSUMER_CLIENT_OFFSET); prints the new offsets. Without
+    --force (mqadmin's isForce false) a queue is only moved back, never forward. One request
+    per broker, nothing to count: no bar."""
+    offsets = await admin.reset_offset_by_timestamp(
+        args.group, args.topic, args.timestamp, force=args.force
+    )
+    ordered = sorted(offsets.items())
+    if wants_json(args):
+        emit_json(
+            {
+                "group": args.group,
+                "topic": args.topic,
+                "timestamp": args.timestamp,
+                "queues": [
+                    {"broker_name": q.broker_name, "queue_id": q.queue_id, "offset": offset}
+                    for q, offset in ordered
+                ],
+            }
+        )
+        return 0
+    rows = [["BROKER", "QUEUE", "NEW"]]
+    rows += [[q.broker_name, str(q.queue_id), str(offset)] for q, offset in ordered]
     print_table(rows)
     return 0
 

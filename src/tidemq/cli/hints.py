@@ -6,6 +6,7 @@ the auto-create template topic). At the CLI edge those are turned into what the 
 
     TOPIC_NOT_EXIST (17) on a verb with -t  →  topic T does not exist ...: tidemq topic create -t T
     REQUEST_CODE_NOT_SUPPORTED (3) to a name-server request  →  -n ADDR is not a name server
+    CONSUMER_NOT_ONLINE (206) on a verb with -g  →  no consumer of group G is online
 
 `time_ms` reads the times the verbs take (`send --deliver-at`, `group reset-offset --to-time`):
 ms since the epoch, or an ISO 8601 date-time, local time unless it carries an offset or "Z"
@@ -56,6 +57,12 @@ def explain(error: QueueError, args: argparse.Namespace) -> str:
         return (
             f"topic {topic} does not exist{why}; create it with:"
             f" tidemq topic create -t {topic} -n {args.namesrv_addr}"
+        )
+    group = getattr(args, "group", None)
+    if error.response_code == ResponseCode.CONSUMER_NOT_ONLINE and group:
+        return (
+            f"no consumer of group {group} is online (connections, running info and resets"
+            f" relayed to clients need one): {error.remark}"
         )
     if error.response_code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
         found = _NOT_SUPPORTED.search(error.remark)

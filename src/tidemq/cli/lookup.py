@@ -27,6 +27,7 @@ from typing import Final
 
 from tidemq.cli.credentials import credentials_of
 from tidemq.cli.hints import run_verb
+from tidemq.cli.output import emit_json, message_document, wants_json
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import tls_of
 from tidemq.client.admin import Admin
@@ -138,8 +139,11 @@ async def _query(args: argparse.Namespace) -> int:
             return 2
         else:
             messages = await admin.query_message_by_key(args.topic, args.key)
-    for message in messages:
-        print_message(message)
+    if wants_json(args):
+        emit_json({"messages": [message_document(m) for m in messages]})
+    else:
+        for message in messages:
+            print_message(message)
     if not messages:
         where = f"topic {args.topic}" if args.topic else "any topic"
         print(f"no message found on {where}", file=sys.stderr)
@@ -195,15 +199,39 @@ async def _progress(args: argparse.Namespace) -> int:
         stats = ConsumeStats(
             offset_table=dict(sorted({**anywhere.offset_table, **stats.offset_table}.items()))
         )
-    _print_progress(stats)
+    if wants_json(args):
+        emit_json(_progress_document(args.group, stats))
+    else:
+        _print_progress(stats)
     return 0
+
+
+def _lag(offset: OffsetWrapper) -> int:
+    return max(0, offset.broker_offset - max(offset.consumer_offset, 0))
+
+
+def _progress_document(group: str, stats: ConsumeStats) -> dict[str, object]:
+    queues = [
+        {
+            "topic": queue.topic,
+            "broker_name": queue.broker_name,
+            "queue_id": queue.queue_id,
+            "broker_offset": offset.broker_offset,
+            "consumer_offset": offset.consumer_offset,
+            "last_timestamp": offset.last_timestamp,
+            "lag": _lag(offset),
+        }
+        for queue, offset in stats.offset_table.items()
+    ]
+    total = sum(_lag(offset) for offset in stats.offset_table.values())
+    return {"group": group, "queues": queues, "total_lag": total}
 
 
 def _print_progress(stats: ConsumeStats) -> None:
     rows = [["TOPIC", "BROKER", "QUEUE", "BROKER OFFSET", "CONSUMER OFFSET", "LAG"]]
     total = 0
     for queue, offset in stats.offset_table.items():
-        lag = max(0, offset.broker_offset - max(offset.consumer_offset, 0))
+        lag = _lag(offset)
         total += lag
         rows.append(
             [

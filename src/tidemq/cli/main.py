@@ -5,6 +5,12 @@ tidemq topic | cluster | send | consume | message | group    admin verbs (cli/ad
 tidemq store verify|dump DIR                   offline store tools (cli/store.py)
 tidemq tx list|stats                           transactional messages (cli/tx.py)
 tidemq dlq list|resend                         dead letters (cli/dlq.py)
+tidemq broker status|config, consumer|producer connection, topic delete, group list|delete,
+message resend                                 mqadmin's verbs (cli/ops.py)
+tidemq console                                 the web console (cli/console.py)
+
+Every read verb takes --json: one JSON document on stdout (cli/output.py). Long work draws a
+progress bar on stderr when it is a terminal (cli/progress.py).
 
 The verbs that talk to servers sign their requests with --access-key / --secret-key (before or
 after the verb) or TIDEMQ_ACCESS_KEY / TIDEMQ_SECRET_KEY, for brokers with ACL (cli/credentials.py),
@@ -23,7 +29,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from tidemq._version import __version__
-from tidemq.cli import admin, credentials, dlq, servers, store, tls_options, tx
+from tidemq.cli import admin, console, credentials, dlq, servers, store, tls_options, tx
 
 NAMESRV_ADDR_DEFAULT = "127.0.0.1:9876"
 # Where -n comes from when it is not given, first found wins (RocketMQ's tools read NAMESRV_ADDR).
@@ -55,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_parsers(verbs)
     dlq.add_parsers(verbs, namesrv_default=namesrv)
     tx.add_parsers(verbs, namesrv_default=namesrv)
+    console.add_parsers(verbs, namesrv_default=namesrv)
     return parser
 
 

@@ -32,6 +32,7 @@ from tidemq.broker.failover import ControlledBroker
 from tidemq.broker.tls_setup import check_tls_files
 from tidemq.cli import tls_options
 from tidemq.clock import SystemClock
+from tidemq.metrics.gc_pauses import gc_tuning_wanted, tune_after_start
 from tidemq.namesrv.app import NamesrvApp
 from tidemq.namesrv.config import NamesrvConfig
 from tidemq.remoting.acceptor import ListenError, raise_open_files_limit
@@ -81,6 +82,9 @@ def add_parsers(verbs: Any) -> None:
         " signature, route and topic reads any account's",
     )
     tls_options.add_server_flags(namesrv)  # --tls-mode/--tls-cert/--tls-key/--tls-ca/...
+    namesrv.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+    )
     namesrv.set_defaults(run=run_namesrv)
 
     broker = verbs.add_parser("broker", help="run a broker")
@@ -90,7 +94,10 @@ def add_parsers(verbs: Any) -> None:
         "--print-config", action="store_true", help="print the effective configuration and exit"
     )
     broker.set_defaults(run=run_broker)
+    _add_dev_parser(verbs)
 
+
+def _add_dev_parser(verbs: Any) -> None:
     dev = verbs.add_parser("dev", help="name server + broker in one process, for development")
     dev.add_argument("--namesrv-port", type=int, default=9876)
     dev.add_argument(
@@ -121,6 +128,13 @@ def add_parsers(verbs: Any) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="any broker.conf key, e.g. --set flushDiskType=SYNC_FLUSH",
+    )
+    dev.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="Prometheus metrics: the broker on this port, the name server on port+1, a"
+        " --slave on port+2 (docs/operations.md)",
     )
     dev.set_defaults(run=run_dev)
 
@@ -167,8 +181,9 @@ def _broker_overrides(args: argparse.Namespace) -> dict[str, str]:
     return overrides
 
 
-async def _serve(*apps: Any) -> None:
-    """Start the apps in order, wait for SIGINT/SIGTERM, stop them in reverse order."""
+async def _serve(*apps: Any, gc_tuning: bool = False) -> None:
+    """Start the apps in order, wait for SIGINT/SIGTERM, stop them in reverse order. With
+    `gc_tuning`, what the started apps hold is frozen out of the collector's walks (gc_pauses)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -178,6 +193,8 @@ async def _serve(*apps: Any) -> None:
         for app in apps:
             await app.start()
             started.append(app)
+        if gc_tuning:
+            tune_after_start()
         log.info("ready; Ctrl-C to stop")
         await stop.wait()
         log.info("stopping")
@@ -223,11 +240,14 @@ def run_namesrv(args: argparse.Namespace) -> int:
     )
     try:
         config = dataclasses.replace(config, limits=limits, tls=tls_options.server_settings(args))
-        app = NamesrvApp(config, SystemClock())
+        app = NamesrvApp(config, SystemClock(), metrics_port=args.metrics_port)
     except (AclFileError, TlsConfigError) as exc:
         print(f"tidemq namesrv: {exc}", file=sys.stderr)
         return 2
-    return _run("namesrv", [app], {args.port: ": choose another --port"})
+    hints = {args.port: ": choose another --port"}
+    if args.metrics_port is not None:
+        hints[args.metrics_port] = " (metrics): choose another --metrics-port"
+    return _run("namesrv", [app], hints)
 
 
 def run_broker(args: argparse.Namespace) -> int:
@@ -277,6 +297,7 @@ def dev_overrides(args: argparse.Namespace, env: Mapping[str, str]) -> list[dict
         "listenPort": str(args.broker_port),
         "storePathRootDir": str(data_dir / ("master" if args.slave else "broker")),
         "brokerIP1": "127.0.0.1",
+        **_dev_metrics(args.metrics_port),
         **common,
     }
     if not args.slave:
@@ -289,8 +310,16 @@ def dev_overrides(args: argparse.Namespace, env: Mapping[str, str]) -> list[dict
         "storePathRootDir": str(data_dir / "slave"),
         "brokerRole": "SLAVE",
         "brokerId": "1",
+        **_dev_metrics(args.metrics_port + 2 if args.metrics_port is not None else None),
     }
     return [master, slave]
+
+
+def _dev_metrics(port: int | None) -> dict[str, str]:
+    """`tidemq dev --metrics-port`: a broker's PROM exporter keys (none without the flag)."""
+    if port is None:
+        return {}
+    return {"metricsExporterType": "PROM", "metricsPromExporterPort": str(port)}
 
 
 def _dev_acl_settings(
@@ -342,11 +371,14 @@ def run_dev(args: argparse.Namespace) -> int:
             tls=_dev_namesrv_tls(configs[0]),
         ),
         clock,
+        metrics_port=args.metrics_port + 1 if args.metrics_port is not None else None,
     )
     log.info("tidemq dev: %s, data in %s", _dev_addresses(args.namesrv_port, configs), data_dir)
     hints = {args.namesrv_port: ": choose another --namesrv-port"}
     for config, flag in zip(configs, ("--broker-port", "--slave-port"), strict=False):
         hints.update(broker_port_hints(config, flag))
+    if args.metrics_port is not None:
+        hints[args.metrics_port + 1] = " (the name server's metrics): choose another --metrics-port"
     return _run("dev", [namesrv, *(BrokerApp(config, clock) for config in configs)], hints)
 
 
@@ -355,7 +387,12 @@ def _run(verb: str, apps: list[Any], port_hints: Mapping[int, str]) -> int:
     a port that cannot be bound (with the setting that chose it), an unusable store directory,
     a store another broker holds (nothing was touched)."""
     try:
-        asyncio.run(_serve(*apps))
+        gc_tuning = gc_tuning_wanted(os.environ)
+    except ValueError as exc:
+        print(f"tidemq {verb}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(*apps, gc_tuning=gc_tuning))
     except ListenError as exc:
         print(f"tidemq {verb}: {listen_error_line(exc, port_hints)}", file=sys.stderr)
         return 1
@@ -387,6 +424,10 @@ def broker_port_hints(config: BrokerConfig, port_flag: str) -> dict[int, str]:
         hints[config.ha_listen_port] = " (the HA port): choose another haListenPort"
     elif config.ha_port:
         hints[config.ha_port] = f" (the HA port, listenPort+1): {listen}, or set haListenPort"
+    if config.metrics_exporter_type == "PROM":
+        hints[config.metrics_prom_exporter_port] = (
+            " (metrics): choose another metricsPromExporterPort"
+        )
     return hints
 
 

@@ -19,6 +19,7 @@ import orjson
 
 from tidemq.cli.credentials import add_options, credentials_of
 from tidemq.cli.hints import fail
+from tidemq.cli.output import add_json_flag, emit_json, wants_json
 from tidemq.cli.table import print_table
 from tidemq.cli.tls_options import add_client_flags, tls_of
 from tidemq.client.admin import Admin
@@ -53,7 +54,7 @@ def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
         add_client_flags(parser, default=argparse.SUPPRESS)  # --tls, --tls-ca, ...
         if name == "list":
             parser.add_argument("--limit", type=int, default=100, help="rows per broker")
-        parser.set_defaults(run=run)
+        add_json_flag(parser).set_defaults(run=run)
 
 
 async def _ask(args: argparse.Namespace, code: int, fields: dict[str, str]) -> list[Any]:
@@ -86,6 +87,9 @@ def run_tx_list(args: argparse.Namespace) -> int:
         answers = asyncio.run(_ask(args, RequestCode.TIDEMQ_TX_LIST, {"limit": str(args.limit)}))
     except QueueError as error:
         return fail(error, args)
+    if wants_json(args):  # the brokers' own answers, each under its address
+        emit_json({"brokers": [{"addr": addr, **body} for addr, body in answers]})
+        return 0
     rows = [["BROKER", "TOPIC", "GROUP", "STATE", "AGE", "CHECKS", "KEY"]]
     shown = total = 0
     for addr, body in answers:
@@ -113,6 +117,9 @@ def run_tx_stats(args: argparse.Namespace) -> int:
         answers = asyncio.run(_ask(args, RequestCode.TIDEMQ_TX_STATS, {}))
     except QueueError as error:
         return fail(error, args)
+    if wants_json(args):
+        emit_json({"brokers": [{"addr": addr, **body} for addr, body in answers]})
+        return 0
     rows = [["BROKER", *(title for title, _ in STATS_COLUMNS)]]
     for addr, body in answers:
         rows.append([addr, *(str(body.get(key, 0)) for _, key in STATS_COLUMNS)])

@@ -50,6 +50,7 @@ from tidemq.protocol.headers import (
 from tidemq.protocol.record import decode_record, decode_records
 from tidemq.security.signing import Credentials
 
+from .admin_groups import GroupAdmin
 from .instance import AskNext, ClientInstance, no_brokers
 from .message import MessageExt
 from .tls import TlsOption
@@ -74,7 +75,10 @@ def _no_topics(response: RemotingCommand) -> bool:
     )
 
 
-class Admin:
+class Admin(GroupAdmin):
+    """Cluster administration; groups, connections, settings and offset resets are in
+    GroupAdmin (client/admin_groups.py)."""
+
     def __init__(
         self,
         namesrv_addr: str | Sequence[str],
@@ -297,5 +301,13 @@ class Admin:
             ext_fields=ViewMessageRequestHeader(offset=physical_offset).to_fields(),
         )
         response = _checked(await self._broker(addr, cmd))
-        broker_name = self._instance.routes.broker_name_of(addr) or ""
+        broker_name = self._instance.routes.broker_name_of(addr) or await self._broker_name_at(addr)
         return MessageExt.from_stored(decode_record(response.body), broker_name)
+
+    async def _broker_name_at(self, addr: str) -> str:
+        """The name of the broker at `addr` when no cached route names it (a fresh Admin): from
+        the cluster info; "" for an address no broker registered."""
+        for broker in (await self.cluster_info()).broker_addr_table.values():
+            if addr in broker.broker_addrs.values():
+                return broker.broker_name
+        return ""

@@ -49,10 +49,11 @@ from tidemq.errors import BrokerError, ClientError, ProtocolError, SubscriptionP
 from tidemq.limits import MIB, PULL_SUSPEND_MS_DEFAULT, PULL_TIMEOUT_MS_DEFAULT
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import ConsumerData, MessageQueue
+from tidemq.protocol.bodies_admin import ConsumerRunningInfo
 from tidemq.protocol.headers import PullSysFlag
 from tidemq.security.signing import Credentials
 
-from . import api
+from . import api, running_info
 from .assignment import (
     OwnedQueue,
     allocate,
@@ -83,6 +84,7 @@ from .process_queue import ProcessQueue
 from .pull_answer import UndecodableLog
 from .read_route import PullSuggestions
 from .rebalance import diff_assignment
+from .reset_offset import reset_queues
 from .selector import Selectable, check_sql_subscriptions, warn_if_sql_looking
 from .tls import TlsOption
 
@@ -132,6 +134,7 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
     _closed = False
     # What `async for` reads, made by start() when no listener was given.
     _stream: MessageStream | None = None
+    _started_at_ms = 0
 
     def __init__(
         self,
@@ -253,6 +256,20 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
     def assigned_queues(self) -> list[MessageQueue]:
         return sorted(self._queues)
 
+    def running_info(self) -> ConsumerRunningInfo:
+        """GET_CONSUMER_RUNNING_INFO's answer (client/running_info.py)."""
+        return running_info.build(
+            running_info.settings_of(self, self._started_at_ms, self._executor._max_workers),
+            self.consumer_data().subscription_data_set,
+            self._queues,
+            self._offsets,
+        )
+
+    def reset_offsets(self, table: Mapping[MessageQueue, int]) -> None:
+        """An admin reset (RESET_CONSUMER_CLIENT_OFFSET): see client/reset_offset.py."""
+        args = (self._rebalance_lock, self._queues, self._offsets, self._start_queue, table)
+        self._spawn(reset_queues(*args))
+
     @property
     def undecodable_count(self) -> int:
         """Messages skipped because they could not be decoded (e.g. a COMPRESSED body that is
@@ -284,7 +301,7 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
                 self._offsets.update(mq, offset)
         self._instance.register_consumer(self)
         await self._instance.start()
-        self._started = True
+        self._started, self._started_at_ms = True, self._clock.now_ms()
         await self._instance.refresh_routes()
         await self._instance.heartbeat()
         try:

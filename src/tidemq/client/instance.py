@@ -91,6 +91,8 @@ from .message import MessageExt
 from .read_route import ReadRouter
 from .rejoin import RejoinRefresh
 from .route_cache import ROUTE_REFRESH_INTERVAL_MS, RouteCache
+from .running_info import answer_running_info as answer
+from .running_info import apply_reset as reset
 from .silent_refresh import SilentBrokerRefresh
 from .tls import TlsOption, client_ssl
 
@@ -178,6 +180,9 @@ class ClientInstance:
         handlers = HandlerTable()
         handlers.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_notify_ids_changed)
         handlers.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check_transaction)
+        # Admin requests about a consumer (client/running_info.py).
+        handlers.register(RequestCode.GET_CONSUMER_RUNNING_INFO, partial(answer, self._consumers))
+        handlers.register(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, partial(reset, self._consumers))
         # With credentials every request this instance sends is signed (ACL); None: unsigned.
         signer = None if credentials is None else partial(sign, credentials=credentials)
         self.remoting = RemotingClient(

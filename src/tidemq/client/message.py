@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
+from tidemq.protocol.compression import decompress
 from tidemq.protocol.message import ConsumeFromWhere, MessageModel
 from tidemq.protocol.record import StoredMessage
 
@@ -148,11 +149,13 @@ class MessageExt:
 
     @classmethod
     def from_stored(cls, stored: StoredMessage, broker_name: str) -> MessageExt:
-        """Decode what a pull (or view/query) returned; inflates a COMPRESSED body."""
+        """Decode what a pull (or view/query) returned; decompresses a COMPRESSED body by the
+        codec its sysFlag names (raises ProtocolError, or CodecMissingError: lz4 or zstandard is
+        not installed, so the pull fails and the message is kept rather than skipped)."""
         properties = pm.decode_properties(stored.properties)
         body = stored.body
         if stored.sys_flag & pm.SysFlag.COMPRESSED:
-            body = pm.inflate(body)
+            body = decompress(body, stored.sys_flag)
         store_ip, store_port = stored.store_host
         offset_id = pm.offset_msg_id(store_ip, store_port, stored.physical_offset)
         return cls(

@@ -33,7 +33,10 @@ route lookup or connect, a paused transport, and retries, which a failed first a
 Properties set on every message (remoting.md §6.3): UNIQ_KEY (client message id, kept if the
 caller already set one), WAIT=true, TAGS, KEYS (space-joined), DELAY (when delay_level > 0),
 TIMER_DELIVER_MS (when deliver_time_ms is set). A body
-of at least `compress_over_bytes` is zlib-compressed and flagged COMPRESSED (not for batches).
+of at least `compress_over_bytes` is compressed with `compression` ("zlib", the default every
+client reads; "lz4" or "zstd", RocketMQ 5's sysFlag types, with `tidemq[codecs]`; None: never) and
+flagged COMPRESSED, if it pays: zlib judges a sample first, so random or encrypted bodies go as
+they are, and a result that did not shrink is not sent (protocol/compression.py). Not for batches.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from tidemq.limits import MESSAGE_BODY_SIZE_MAX, SEND_TIMEOUT_MS_DEFAULT
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
 from tidemq.protocol.codes import RequestCode, ResponseCode
+from tidemq.protocol.compression import codec_bits
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
     CheckTransactionStateRequestHeader,
@@ -105,6 +109,7 @@ class Producer(RetryingSends):
         retry_times: int = 2,
         compress_over_bytes: int = COMPRESS_OVER_BYTES_DEFAULT,
         compress_level: int = COMPRESS_LEVEL_DEFAULT,
+        compression: str | None = "zlib",
         max_message_size: int = MESSAGE_BODY_SIZE_MAX,
         clock: Clock | None = None,
         instance: ClientInstance | None = None,
@@ -114,6 +119,9 @@ class Producer(RetryingSends):
         topics: Sequence[str] = (),
     ) -> None:
         pm.validate_group(group)
+        # ValueError for an unknown name, CodecMissingError for a codec not installed.
+        self._codec_bits = None if compression is None else codec_bits(compression)
+        self.compression = compression
         if send_timeout_ms <= 0 or retry_times < 0 or max_message_size <= 0:
             raise ValueError("send_timeout_ms and max_message_size must be > 0, retry_times >= 0")
         self._group = group
@@ -236,6 +244,7 @@ class Producer(RetryingSends):
             compress_level=self.compress_level,
             max_message_size=self.max_message_size,
             checked_topics=self._checked_topics,
+            codec_bits=self._codec_bits,
         )
 
     async def send(
@@ -290,6 +299,7 @@ class Producer(RetryingSends):
                 self.compress_level,
                 self.max_message_size,
                 self._checked_topics,
+                self._codec_bits,
             )
         except Exception as exc:
             future.set_exception(exc)

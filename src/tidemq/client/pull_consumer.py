@@ -31,12 +31,14 @@ from tidemq.errors import ClientClosedError, ClientError
 from tidemq.limits import PULL_MESSAGE_COUNT_MAX, PULL_SUSPEND_MS_DEFAULT
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import ConsumerData, MessageQueue
+from tidemq.protocol.bodies_admin import PROP_CONSUME_TYPE, ConsumerRunningInfo
 from tidemq.protocol.headers import PullSysFlag
 from tidemq.security.signing import Credentials
 
-from . import api
+from . import api, running_info
 from .instance import ClientInstance
 from .message import MessageModel, PullResult
+from .offset_store import OffsetTable
 from .pull_answer import UndecodableLog
 from .read_route import PullSuggestions
 from .route_cache import subscribe_queues
@@ -146,6 +148,13 @@ class PullConsumer:
         """Pull consumers do not rebalance; the caller picks the queues."""
 
     # -- queries ---------------------------------------------------------------------------
+
+    def running_info(self) -> ConsumerRunningInfo:
+        """GET_CONSUMER_RUNNING_INFO's answer: the caller holds the queues and offsets, so only
+        the group and the consume type (client/running_info.py)."""
+        settings = {PROP_CONSUME_TYPE: "CONSUME_ACTIVELY", "consumerGroup": self._group}
+        data = self.consumer_data().subscription_data_set
+        return running_info.build(settings, data, {}, OffsetTable())
 
     async def fetch_subscribe_message_queues(self, topic: str) -> list[MessageQueue]:
         """The readable queues of `topic`, sorted (fresh from the name server)."""

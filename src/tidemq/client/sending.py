@@ -1,8 +1,8 @@
 """What one send is made of, apart from the Producer's routing and retries: the message as it goes
 on the wire, and the bookkeeping of sends in flight on the producer's fast path.
 
-Preparing (`prepare_message`): validate, compress a large body, make the properties text, set
-sysFlag PREPARED on a half message (TRAN_MSG true, as the Java producer sets it). A plain
+Preparing (`prepare_message`): validate, compress a large body if it shrinks, make the properties
+text, set sysFlag PREPARED on a half message (TRAN_MSG true, as the Java producer sets it). A plain
 message (no user properties, keys, delay or deliver time; tags allowed) gets its properties text
 from one format string; any other goes through the property map and `encode_properties`, and both
 give the same text (tests/client compare them).
@@ -30,6 +30,7 @@ from tidemq.errors import (
     error_for_code,
 )
 from tidemq.limits import MESSAGE_BODY_SIZE_MAX
+from tidemq.protocol import compression
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import MessageQueue
 from tidemq.protocol.codes import RequestCode, ResponseCode
@@ -137,8 +138,13 @@ def prepare_parts(
     compress_level: int,
     max_message_size: int,
     checked_topics: set[str] | None,
+    codec_bits: int | None = 0,
 ) -> tuple[str, bytes, int, str]:
-    """(properties, body, sys flag, UNIQ_KEY) of prepare_message, without the object."""
+    """(properties, body, sys flag, UNIQ_KEY) of prepare_message, without the object.
+
+    A body of at least `compress_over_bytes` is compressed with the codec of `codec_bits`
+    (protocol/compression.py; None: never) if that pays: zlib judges a sample first, and a
+    result that did not shrink is not sent."""
     body, sys_flag = message.body, 0
     size = len(body)
     if (
@@ -147,9 +153,10 @@ def prepare_parts(
         or not 0 < size <= max_message_size
     ):
         validate_message(message, max_message_size, checked_topics)
-    if size >= compress_over_bytes:
-        body = pm.deflate(body, level=compress_level)
-        sys_flag = int(pm.SysFlag.COMPRESSED)
+    if size >= compress_over_bytes and codec_bits is not None:
+        packed = compression.compress(body, codec_bits, compress_level)
+        if packed is not None:
+            body, sys_flag = packed, pm.SysFlag.COMPRESSED | codec_bits
     properties, key = send_properties(message, uniq_key)
     if message.properties and pm.is_true_text(message.properties.get(pm.TRAN_MSG)):
         # A half message, flagged as the Java producer flags it (the broker reads the property).
@@ -165,10 +172,17 @@ def prepare_message(
     compress_level: int = COMPRESS_LEVEL_DEFAULT,
     max_message_size: int = MESSAGE_BODY_SIZE_MAX,
     checked_topics: set[str] | None = None,
+    codec_bits: int | None = 0,
 ) -> PreparedMessage:
     """Validate and encode one message (raises ValueError, ProtocolError, MessageTooLargeError)."""
     properties, body, sys_flag, key = prepare_parts(
-        message, uniq_key, compress_over_bytes, compress_level, max_message_size, checked_topics
+        message,
+        uniq_key,
+        compress_over_bytes,
+        compress_level,
+        max_message_size,
+        checked_topics,
+        codec_bits,
     )
     return PreparedMessage(properties, body, sys_flag, message.flag, key)
 

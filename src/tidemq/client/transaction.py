@@ -274,6 +274,7 @@ class TransactionProducer(Producer):
             self.compress_level,
             self.max_message_size,
             self._checked_topics,
+            self._codec_bits,  # the producer's `compression`, as for its plain sends
         )
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         try:

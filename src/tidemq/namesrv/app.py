@@ -15,6 +15,7 @@ from tidemq.namesrv.config import NamesrvConfig
 from tidemq.namesrv.handlers import NamesrvHandlers
 from tidemq.namesrv.housekeeping import BrokerHousekeeping
 from tidemq.namesrv.kv import KVStore
+from tidemq.namesrv.metrics import NamesrvMetrics
 from tidemq.namesrv.route_table import RouteTable
 from tidemq.remoting import Connection, RemotingServer
 
@@ -22,15 +23,30 @@ logger = logging.getLogger(__name__)
 
 
 class NamesrvApp:
-    def __init__(self, config: NamesrvConfig, clock: Clock, *, host: str = "0.0.0.0") -> None:
+    def __init__(
+        self,
+        config: NamesrvConfig,
+        clock: Clock,
+        *,
+        host: str = "0.0.0.0",
+        metrics_port: int | None = None,
+    ) -> None:
+        """`metrics_port`: serve Prometheus metrics on host:port (namesrv/metrics.py; 0: a
+        free port); None: no exporter, no RPC timing."""
         self.config = config
         self.clock = clock
         self.routes = RouteTable()
         self.kv = KVStore(config.kv_config_path)
         # A bad ACL file raises here (AclFileError): the name server does not start on it.
         self.acl = NamesrvAcl(config.acl_file) if config.acl_file is not None else None
+        table = NamesrvHandlers(self.routes, self.kv, clock).table()
+        self.metrics: NamesrvMetrics | None = None
+        if metrics_port is not None:
+            node = f"{host}:{config.listen_port}"
+            self.metrics = NamesrvMetrics(self.routes, host, metrics_port, node)
+            table.observer = self.metrics.rpc
         self.server = RemotingServer(
-            NamesrvHandlers(self.routes, self.kv, clock).table(),
+            table,
             host,
             config.listen_port,
             name="namesrv",
@@ -61,6 +77,8 @@ class NamesrvApp:
         await self.housekeeping.start()
         if self.acl is not None:
             await self.acl.start()
+        if self.metrics is not None:
+            await self.metrics.start()
         self._started = True
         logger.info("name server started on port %d", self.port)
 
@@ -68,6 +86,8 @@ class NamesrvApp:
         if not self._started:
             return
         self._started = False
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self.acl is not None:
             await self.acl.stop()
         await self.housekeeping.stop()

@@ -6,9 +6,20 @@ writes (remoting.md §3.1, §4.4):
 - map keys that are bare numbers, `{0:"127.0.0.1:10911"}` (fastjson, Java ≤ 4.9.3): quoted before
   parsing, on the slow path only, by a regex that steps over string literals so text inside
   strings is never touched;
+- map keys that are objects, `{{"brokerName":"b","queueId":0,"topic":"t"}:{...}}` (fastjson's form
+  of a map keyed by MessageQueue, e.g. TopicStatsTable.offsetTable): each key object is turned
+  into a JSON string holding its text, on the slow path only; readers parse such keys again with
+  `load_key_object`. Never eval;
 - a trailing "\\n" (C++), which is JSON whitespace anyway;
 - integers written as strings ("1795215785519") and booleans as "true"/"1";
 - missing keys, which take the field's default.
+
+The slow path (orjson refused the body) costs in proportion to what it must do: orjson's error
+position says which key form it met first; bare numeric keys alone (a Java route) take one regex
+pass; keys that are flat objects (MessageQueue: no nested object or array) one regex pass that
+also quotes numeric keys (`quote_keys`); only keys holding nested containers fall back to the
+scanner (`quote_object_keys`), which jumps between structural characters with a regex rather
+than stepping byte by byte.
 
 Every failure is a ProtocolError naming the body and the key.
 """
@@ -42,16 +53,161 @@ def quote_numeric_keys(data: bytes) -> bytes:
     return _BARE_NUMERIC_KEY.sub(_quote_key, data)
 
 
+# An object with no object or array inside (its strings may hold any character).
+_FLAT_OBJECT: Final = rb'\{[^{}\[\]"]*(?:"(?:[^"\\]|\\.)*"[^{}\[\]"]*)*\}'
+# A string literal (kept), or a key that is a bare integer (group 2) or a flat object (group 3),
+# with what precedes it (group 1) and its colon (group 4). A flat object not followed by a colon
+# (an array element) does not match, so it is left alone.
+# The first alternative takes a whole run of text that cannot start a key (strings, and any "{"
+# or "," not followed by a digit or "{"), so the callback runs about twice per key, not once
+# per string literal.
+_BARE_KEY: Final = re.compile(
+    rb'(?:"(?:[^"\\]|\\.)*"|[^"{,]|[{,](?!\s*[-0-9{]))+'
+    rb"|([{,]\s*)(?:(-?[0-9]+)|(" + _FLAT_OBJECT + rb"))(\s*:)",
+    re.DOTALL,
+)
+
+
+def _quote_any_key(match: re.Match[bytes]) -> bytes:
+    before = match.group(1)
+    if before is None:
+        return match.group(0)
+    number = match.group(2)
+    if number is not None:
+        return before + b'"' + number + b'"' + match.group(4)
+    return before + orjson.dumps(match.group(3).decode("utf-8", "replace")) + match.group(4)
+
+
+def quote_keys(data: bytes) -> bytes:
+    """Bare numeric keys and flat object keys quoted in one pass (see the module docstring)."""
+    return _BARE_KEY.sub(_quote_any_key, data)
+
+
+_QUOTE: Final = 0x22
+_BACKSLASH: Final = 0x5C
+_OPEN_OBJ: Final = 0x7B
+_CLOSE_OBJ: Final = 0x7D
+_OPEN_ARR: Final = 0x5B
+_CLOSE_ARR: Final = 0x5D
+_COLON: Final = 0x3A
+_COMMA: Final = 0x2C
+
+
+def _string_end(data: bytes, start: int) -> int:
+    """Index just past the string literal opening at `start`."""
+    i = start + 1
+    n = len(data)
+    while i < n:
+        c = data[i]
+        if c == _BACKSLASH:
+            i += 2
+        elif c == _QUOTE:
+            return i + 1
+        else:
+            i += 1
+    raise ProtocolError("unterminated string in JSON body")
+
+
+def _container_end(data: bytes, start: int) -> int:
+    """Index just past the object or array opening at `start` (strings stepped over)."""
+    depth = 0
+    i = start
+    n = len(data)
+    while i < n:
+        c = data[i]
+        if c == _QUOTE:
+            i = _string_end(data, i)
+            continue
+        if c in (_OPEN_OBJ, _OPEN_ARR):
+            depth += 1
+        elif c in (_CLOSE_OBJ, _CLOSE_ARR):
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise ProtocolError("unbalanced JSON body")
+
+
+# A string literal or one structural character: what the scanner below stops at.
+_TOKEN: Final = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]', re.DOTALL)
+
+
+def quote_object_keys(data: bytes) -> bytes:
+    """`{{"a":1}:2}` → `{"{\\"a\\":1}":2}`: object keys (nested ones too) become strings
+    holding their text.
+
+    The stack holds, per open container, whether it is an object now expecting a key. The scan
+    jumps from token to token (`_TOKEN`); text between tokens is copied as it is."""
+    out: list[bytes] = []
+    expecting_key: list[bool | None] = []  # None: an array
+    copied = 0
+    pos = 0
+    n = len(data)
+    while pos < n:
+        match = _TOKEN.search(data, pos)
+        if match is None:
+            break
+        start = match.start()
+        c = data[start]
+        pos = match.end()
+        if c == _QUOTE:
+            if not data.endswith(b'"', 0, pos) or pos - start < 2:
+                raise ProtocolError("unterminated string in JSON body")
+            continue
+        if c == _OPEN_OBJ and expecting_key and expecting_key[-1]:
+            end = _container_end(data, start)
+            out.append(data[copied:start])
+            out.append(orjson.dumps(data[start:end].decode("utf-8", "replace")))
+            copied = pos = end
+            continue
+        if c == _OPEN_OBJ:
+            expecting_key.append(True)
+        elif c == _OPEN_ARR:
+            expecting_key.append(None)
+        elif c in (_CLOSE_OBJ, _CLOSE_ARR) and expecting_key:
+            expecting_key.pop()
+        elif c == _COLON and expecting_key and expecting_key[-1] is not None:
+            expecting_key[-1] = False
+        elif c == _COMMA and expecting_key and expecting_key[-1] is not None:
+            expecting_key[-1] = True
+    out.append(data[copied:])
+    return b"".join(out)
+
+
 def load_object(data: bytes, what: str) -> dict[str, Any]:
-    """The JSON object in `data`, accepting fastjson's bare numeric keys."""
+    """The JSON object in `data`, accepting fastjson's bare numeric keys and object keys."""
     try:
         value = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        try:
-            value = orjson.loads(quote_numeric_keys(data))
-        except orjson.JSONDecodeError as exc:
-            raise ProtocolError(f"{what} body is not JSON: {exc}") from None
+    except orjson.JSONDecodeError as first:
+        value = _load_fastjson(data, what, first.pos)
     return as_object(value, what)
+
+
+def _load_fastjson(data: bytes, what: str, error_pos: int) -> Any:
+    """The slow path of `load_object`: the cheapest rewrite of the keys first (module
+    docstring); `error_pos` is where orjson stopped on the original text."""
+    rewrites: list[Callable[[bytes], bytes]] = [quote_keys, _quote_all_keys]
+    if data[error_pos : error_pos + 1] != b"{":
+        rewrites.insert(0, quote_numeric_keys)  # a numeric key came first: maybe all there is
+    error: orjson.JSONDecodeError | None = None
+    for rewrite in rewrites:
+        try:
+            return orjson.loads(rewrite(data))
+        except orjson.JSONDecodeError as exc:
+            error = exc
+    raise ProtocolError(f"{what} body is not JSON: {error}") from None
+
+
+def _quote_all_keys(data: bytes) -> bytes:
+    return quote_numeric_keys(quote_object_keys(data))
+
+
+def load_key_object(key: str, what: str) -> dict[str, Any]:
+    """A map key that was an object in fastjson's text (see `quote_object_keys`)."""
+    try:
+        return as_object(orjson.loads(key), what)
+    except orjson.JSONDecodeError:
+        raise ProtocolError(f"{what}: key {key[:80]!r} is not a JSON object") from None
 
 
 def load_list(data: bytes, what: str) -> list[Any]:

@@ -8,18 +8,33 @@ writers use Java's form (enum names, numbers).
 The broker must not trust `codeSet` (C++ fills it with atoi(tag), i.e. zeros): recompute codes from
 `sub_string` with `message.parse_tag_expression`.
 
-TopicStatsTable and ConsumeStats are TideMQ's own admin form: Java serialises them as maps keyed
-by MessageQueue objects, which is not JSON; we send a list of flat rows instead:
+Maps keyed by MessageQueue (TopicStatsTable, ConsumeStats, ResetOffsetBody, ConsumerRunningInfo's
+mqTable) are written as fastjson writes them, with OBJECT keys, which is not standard JSON but what
+rocketmq-exporter and rocketmq-dashboard read:
 
-    {"offsetTable":[{"brokerName":"b","queueId":0,"topic":"T","minOffset":0,...}, ...]}
+    {"offsetTable":{{"brokerName":"b","queueId":0,"topic":"T"}:{"lastUpdateTimestamp":0,...}}}
+
+(`dump_queue_map`). Readers take that form (_json.quote_object_keys) and TideMQ's older list of
+flat rows, `{"offsetTable":[{"brokerName":"b","queueId":0,"topic":"T","minOffset":0,...}]}`
+(`read_queue_map`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
-from tidemq.protocol._json import ObjectReader, dump, load_object, to_int, to_str
+from tidemq.protocol._json import (
+    ObjectReader,
+    as_list,
+    as_object,
+    dump,
+    load_key_object,
+    load_object,
+    to_int,
+    to_str,
+)
 from tidemq.protocol.message import (
     EXPRESSION_TYPE_TAG,
     ConsumeFromWhere,
@@ -181,6 +196,41 @@ class MessageQueue:
         )
 
 
+T = TypeVar("T")
+
+
+def dump_queue_map(items: Iterable[tuple[MessageQueue, Any]]) -> bytes:
+    """fastjson's text of a Map<MessageQueue, V>: `{{mq}:value,...}` (keys sorted)."""
+    parts = [dump(queue.to_dict()) + b":" + dump(value) for queue, value in sorted(items)]
+    return b"{" + b",".join(parts) + b"}"
+
+
+def read_queue_map(value: Any, what: str, item: Callable[[Any, str], T]) -> dict[MessageQueue, T]:
+    """A Map<MessageQueue, V> in fastjson's form (keys quoted by load_object) or TideMQ's older
+    list of rows that carry the queue's and the value's keys together."""
+    if value is None:
+        return {}
+    if isinstance(value, list):
+        rows = as_list(value, what)
+        return {
+            MessageQueue.from_dict(row, f"{what}[{i}]"): item(row, f"{what}[{i}]")
+            for i, row in enumerate(rows)
+        }
+    table: dict[MessageQueue, T] = {}
+    for key, element in as_object(value, what).items():
+        queue = MessageQueue.from_dict(load_key_object(key, what), f"{what} key")
+        table[queue] = item(element, f"{what}[{queue}]")
+    return table
+
+
+def splice(fields: dict[str, Any], raw: dict[str, bytes]) -> bytes:
+    """A JSON object of `fields` plus members whose values are already text (`raw`), keys
+    sorted as fastjson writes them."""
+    parts = {name: dump(value) for name, value in fields.items()}
+    parts.update(raw)
+    return b"{" + b",".join(dump(k) + b":" + parts[k] for k in sorted(parts)) + b"}"
+
+
 def _mq_list(queues: frozenset[MessageQueue]) -> list[dict[str, Any]]:
     return [queue.to_dict() for queue in sorted(queues)]
 
@@ -233,7 +283,7 @@ class LockBatchResponseBody:
 
 
 # ---------------------------------------------------------------------------------------------
-# Admin statistics (§4.12), in TideMQ's list form (see the module docstring)
+# Admin statistics (§4.12), in fastjson's map form (see the module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,31 +300,33 @@ class TopicStatsTable:
     offset_table: dict[MessageQueue, TopicOffset] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
-        rows = [
-            {
-                **queue.to_dict(),
-                "minOffset": offset.min_offset,
-                "maxOffset": offset.max_offset,
-                "lastUpdateTimestamp": offset.last_update_timestamp,
-            }
-            for queue, offset in sorted(self.offset_table.items())
-        ]
-        return dump({"offsetTable": rows})
+        table = dump_queue_map(
+            (
+                queue,
+                {
+                    "lastUpdateTimestamp": offset.last_update_timestamp,
+                    "maxOffset": offset.max_offset,
+                    "minOffset": offset.min_offset,
+                },
+            )
+            for queue, offset in self.offset_table.items()
+        )
+        return splice({}, {"offsetTable": table})
 
     @classmethod
     def from_json(cls, data: bytes) -> Self:
-        r = ObjectReader(load_object(data, cls.__name__), cls.__name__)
-        return cls(offset_table=dict(r.list_of("offsetTable", _topic_offset_row)))
+        what = cls.__name__
+        obj = load_object(data, what)
+        return cls(offset_table=read_queue_map(obj.get("offsetTable"), what, _topic_offset))
 
 
-def _topic_offset_row(value: Any, what: str) -> tuple[MessageQueue, TopicOffset]:
+def _topic_offset(value: Any, what: str) -> TopicOffset:
     r = ObjectReader(value, what)
-    offset = TopicOffset(
+    return TopicOffset(
         min_offset=r.int_or("minOffset", 0),
         max_offset=r.int_or("maxOffset", 0),
         last_update_timestamp=r.int_or("lastUpdateTimestamp", 0),
     )
-    return MessageQueue.from_dict(value, what), offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,31 +344,34 @@ class ConsumeStats:
     consume_tps: float = 0.0
 
     def to_json(self) -> bytes:
-        rows = [
-            {
-                **queue.to_dict(),
-                "brokerOffset": offset.broker_offset,
-                "consumerOffset": offset.consumer_offset,
-                "lastTimestamp": offset.last_timestamp,
-            }
-            for queue, offset in sorted(self.offset_table.items())
-        ]
-        return dump({"consumeTps": self.consume_tps, "offsetTable": rows})
+        table = dump_queue_map(
+            (
+                queue,
+                {
+                    "brokerOffset": offset.broker_offset,
+                    "consumerOffset": offset.consumer_offset,
+                    "lastTimestamp": offset.last_timestamp,
+                },
+            )
+            for queue, offset in self.offset_table.items()
+        )
+        return splice({"consumeTps": self.consume_tps}, {"offsetTable": table})
 
     @classmethod
     def from_json(cls, data: bytes) -> Self:
-        r = ObjectReader(load_object(data, cls.__name__), cls.__name__)
+        what = cls.__name__
+        obj = load_object(data, what)
+        r = ObjectReader(obj, what)
         return cls(
-            offset_table=dict(r.list_of("offsetTable", _offset_wrapper_row)),
+            offset_table=read_queue_map(obj.get("offsetTable"), what, _offset_wrapper),
             consume_tps=r.float_or("consumeTps", 0.0),
         )
 
 
-def _offset_wrapper_row(value: Any, what: str) -> tuple[MessageQueue, OffsetWrapper]:
+def _offset_wrapper(value: Any, what: str) -> OffsetWrapper:
     r = ObjectReader(value, what)
-    offset = OffsetWrapper(
+    return OffsetWrapper(
         broker_offset=r.int_or("brokerOffset", 0),
         consumer_offset=r.int_or("consumerOffset", 0),
         last_timestamp=r.int_or("lastTimestamp", 0),
     )
-    return MessageQueue.from_dict(value, what), offset

@@ -480,9 +480,17 @@ def _decode_frame_at(source: bytes | bytearray, start: int, end: int) -> Remotin
         command = _decode_binary_header(bytes(source[start + 4 : body_start]))
     else:
         raise ProtocolError(f"unknown serialisation type {serialize_type}")
-    body = source[body_start:end]
-    command.body = body if body.__class__ is bytes else bytes(body)
+    if source.__class__ is bytes:
+        command.body = source[body_start:end]
+    else:
+        # A bytearray (a frame that came in several reads): one copy, not a bytearray slice and
+        # then bytes of it (two copies of a 1 MiB body). The view is gone before `feed` resizes.
+        with memoryview(source) as view:
+            command.body = bytes(view[body_start:end])
     return command
+
+
+LARGE_FRAME_BYTES: Final = 64 * 1024  # see FrameDecoder
 
 
 class FrameDecoder:
@@ -492,20 +500,28 @@ class FrameDecoder:
     the decoder's state is undefined and the connection must be closed. A frame whose header is
     over FRAME_HEADER_SIZE_MAX is not among the commands returned: it is appended to `oversized`
     (the caller answers and clears it) and decoding goes on.
+
+    A frame of LARGE_FRAME_BYTES or more that a read leaves incomplete is held as the reads that
+    bring it (`_parts`, not copied), and its body joined from them once whole: one copy of the
+    body, not two (into the buffer, then out of it).
     """
 
-    __slots__ = ("_buffer", "_frame_size_max", "oversized")
+    __slots__ = ("_buffer", "_frame_size_max", "_parts", "_parts_size", "oversized")
 
     def __init__(self, frame_size_max: int = FRAME_SIZE_MAX) -> None:
         self._buffer = bytearray()
         self._frame_size_max = frame_size_max
+        self._parts: list[bytes | memoryview] = []
+        self._parts_size = 0
         self.oversized: list[HeaderTooLargeError] = []
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) + self._parts_size
 
     def feed(self, data: bytes) -> list[RemotingCommand]:
+        if self._parts:
+            return self._feed_part(data)
         buffer = self._buffer
         # Frames that arrive whole are decoded straight from `data`; only a partial tail (or data
         # completing an earlier tail) goes through the buffer.
@@ -534,8 +550,51 @@ class FrameDecoder:
                 self.oversized.append(exc)
             position = end
         if source is buffer:
-            if position:
+            if position < available and self._hold_large(buffer, position, data):
+                buffer.clear()
+            elif position:
                 del buffer[:position]
-        elif position < available:
-            buffer += data[position:]
+        elif position < available and not self._hold_large(data, position, data):
+            with memoryview(data) as view:
+                buffer += view[position:]  # one copy of the partial tail, not two
         return commands
+
+    def _hold_large(self, source: bytes | bytearray, position: int, data: bytes) -> bool:
+        """Hold the incomplete frame at source[position:] as parts if it is large (its length
+        checked by feed's loop) with a header within the limit; `data`, this read, ends source."""
+        if len(source) - position < _LENGTHS.size:
+            return False
+        total, type_and_length = _LENGTHS.unpack_from(source, position)
+        header_len = type_and_length & _HEADER_LEN_MASK  # malformed or oversized: feed's way
+        if total < LARGE_FRAME_BYTES or header_len > min(FRAME_HEADER_SIZE_MAX, total - 4):
+            return False
+        in_data = position - (len(source) - len(data))  # where the frame starts in `data`
+        if in_data >= 0:
+            self._parts.append(memoryview(data)[in_data:] if in_data else data)
+        else:  # it began in an earlier read: a copy of the buffer's tail (at most a read more)
+            self._parts.append(bytes(source[position:]))
+        self._parts_size = len(source) - position
+        return True
+
+    def _feed_part(self, data: bytes) -> list[RemotingCommand]:
+        parts = self._parts
+        parts.append(data)
+        self._parts_size += len(data)
+        total, type_and_length = _LENGTHS.unpack_from(parts[0], 0)
+        if self._parts_size < (need := 4 + total):
+            return []
+        head_len = _LENGTHS.size + (type_and_length & _HEADER_LEN_MASK)
+        head, body, at = [], [], 0  # at: where the part begins in the frame
+        for part in parts:
+            view = memoryview(part)
+            if at < head_len:
+                head.append(view[: head_len - at])
+            low, high = max(head_len - at, 0), min(need - at, len(view))
+            if low < high:
+                body.append(view[low:high])
+            at += len(view)
+        rest = bytes(view[len(view) - (at - need) :])
+        self._parts, self._parts_size = [], 0
+        command = _decode_frame_at(b"".join(head), 4, head_len)
+        command.body = b"".join(body)  # the one copy of the body
+        return [command, *self.feed(rest)] if rest else [command]

@@ -149,6 +149,124 @@ class GetConsumerRunningInfoRequestHeader:
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetProducerConnectionListRequestHeader:
+    """GET_PRODUCER_CONNECTION_LIST (204)."""
+
+    producer_group: str
+
+    def to_fields(self) -> dict[str, str]:
+        return render({"producerGroup": self.producer_group})
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> Self:
+        return cls(producer_group=FieldReader(cls.__name__, fields).req_str("producerGroup"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryTopicConsumeByWhoRequestHeader:
+    """QUERY_TOPIC_CONSUME_BY_WHO (300)."""
+
+    topic: str
+
+    def to_fields(self) -> dict[str, str]:
+        return render({"topic": self.topic})
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> Self:
+        return cls(topic=FieldReader(cls.__name__, fields).req_str("topic"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryConsumeTimeSpanRequestHeader:
+    """QUERY_CONSUME_TIME_SPAN (303)."""
+
+    topic: str
+    group: str
+
+    def to_fields(self) -> dict[str, str]:
+        return render({"topic": self.topic, "group": self.group})
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> Self:
+        r = FieldReader(cls.__name__, fields)
+        return cls(topic=r.req_str("topic"), group=r.req_str("group"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewBrokerStatsDataRequestHeader:
+    """VIEW_BROKER_STATS_DATA (315): statsName (TOPIC_PUT_NUMS, ...) and its key."""
+
+    stats_name: str
+    stats_key: str
+
+    def to_fields(self) -> dict[str, str]:
+        return render({"statsName": self.stats_name, "statsKey": self.stats_key})
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> Self:
+        r = FieldReader(cls.__name__, fields)
+        return cls(stats_name=r.req_str("statsName"), stats_key=r.req_str("statsKey"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResetOffsetRequestHeader:
+    """INVOKE_BROKER_TO_RESET_OFFSET (222, admin → broker) and RESET_CONSUMER_CLIENT_OFFSET (220,
+    broker → client). queue_id ≥ 0 with an offset is 5.x's reset of one queue to an offset."""
+
+    topic: str
+    group: str
+    timestamp: int
+    is_force: bool = True
+    queue_id: int = -1
+    offset: int | None = None
+
+    def to_fields(self) -> dict[str, str]:
+        return render(
+            {
+                "topic": self.topic,
+                "group": self.group,
+                "timestamp": self.timestamp,
+                "isForce": self.is_force,
+                "queueId": None if self.queue_id == -1 else self.queue_id,
+                "offset": self.offset,
+            }
+        )
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> Self:
+        r = FieldReader(cls.__name__, fields)
+        offset = r.opt_str_nonempty("offset")
+        return cls(
+            topic=r.req_str("topic"),
+            group=r.req_str("group"),
+            timestamp=r.int_or("timestamp", 0),
+            is_force=r.bool_or("isForce", True),
+            queue_id=r.int_or("queueId", -1),
+            offset=None if offset is None else r.req_int("offset"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteSubscriptionGroupRequestHeader:
+    """DELETE_SUBSCRIPTIONGROUP (207); `clean_offset` also drops the group's offsets.
+
+    Upstream's field is cleanOffset (DeleteSubscriptionGroupRequestHeader); TideMQ before
+    2026-11 wrote removeOffset, so a reader takes either (true if either says so)."""
+
+    group_name: str
+    clean_offset: bool = False
+
+    def to_fields(self) -> dict[str, str]:
+        return render({"groupName": self.group_name, "cleanOffset": self.clean_offset})
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> Self:
+        r = FieldReader(cls.__name__, fields)
+        clean = r.bool_or("cleanOffset", False) or r.bool_or("removeOffset", False)
+        return cls(group_name=r.req_str("groupName"), clean_offset=clean)
+
+
 # ---------------------------------------------------------------------------------------------
 # Name server: §3
 

@@ -56,6 +56,7 @@ from typing import Final, NamedTuple, Protocol, TypeAlias
 
 from tidemq.errors import CorruptRecordError, MessageTooLargeError, ProtocolError
 from tidemq.limits import MESSAGE_PROPERTIES_SIZE_MAX, TOPIC_NAME_LENGTH_MAX
+from tidemq.protocol.crc import crc32_around
 from tidemq.protocol.message import (
     CRC32_PROPERTY,
     NAME_VALUE_SEPARATOR,
@@ -264,11 +265,11 @@ class PreparedRecord:
         """The record as four pieces to join: header, body, topic and properties, CRC digits."""
         fields = self.fields
         body = fields.body
-        crc32 = zlib.crc32
+        body_crc = zlib.crc32(body)  # read once: crc32_around combines it into the record's
         header = RECORD_HEADER.pack(
             self.size,
             MAGIC_RECORD,
-            crc32(body) & _BODY_CRC_MASK,
+            body_crc & _BODY_CRC_MASK,
             fields.queue_id,
             fields.flag,
             queue_offset,
@@ -286,8 +287,7 @@ class PreparedRecord:
         )
         prefix = self.props_prefix
         tail = self.topic_part + _PROPS_LEN.pack(len(prefix) + CRC_DIGITS_LEN) + prefix
-        crc = crc32(tail, crc32(body, crc32(header)))
-        return header, body, tail, b"%010d" % crc
+        return header, body, tail, b"%010d" % crc32_around(header, body, body_crc, tail)
 
 
 def encode_record(

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Final, cast
 
 from tidemq.clock import Clock
@@ -71,6 +72,8 @@ from tidemq.security.tls import subject_text
 __all__ = ["IN_FLIGHT_BYTES_MAX", "IN_FLIGHT_MAX", "TURN_BUDGET", "Connection", "Signer"]
 
 logger = logging.getLogger(__name__)
+# The code RpcLatency records for `respond_frame` (its callers encode success answers).
+_SUCCESS: Final = int(ResponseCode.SUCCESS)
 
 # Requests one connection may have running at once; a client needs far fewer (held pulls are one
 # per queue), so reaching this means a runaway peer. Beyond it: SYSTEM_BUSY.
@@ -263,6 +266,9 @@ class Connection(FlowControl):
         the request stays counted in flight (and its body in the in-flight bytes) until then."""
         self._in_flight += 1
         self._in_flight_bytes += len(request.body)
+        observer = self._handlers.observer
+        if observer is not None:
+            observer.begin(request)
 
     def respond(self, request: RemotingCommand, response: RemotingCommand) -> None:
         """Answer a deferred `request` now, without awaiting: the frame leaves with this loop
@@ -270,6 +276,9 @@ class Connection(FlowControl):
         """
         self._in_flight -= 1
         self._release_bytes(len(request.body))
+        observer = self._handlers.observer
+        if observer is not None:
+            observer.end(request, response.code)
         if not request.flag & FLAG_ONEWAY:
             self._write_answer(request, response)
 
@@ -279,6 +288,9 @@ class Connection(FlowControl):
         self._in_flight -= 1
         # _release_bytes, inlined: every coalesced send is answered here.
         self._in_flight_bytes -= len(request.body)
+        observer = self._handlers.observer
+        if observer is not None:
+            observer.end(request, _SUCCESS)  # frames are encoded from the success template
         if self._backlog:
             self._schedule_drain()
         if request.flag & FLAG_ONEWAY or self._closed or self._transport is None:
@@ -482,6 +494,8 @@ class Connection(FlowControl):
     async def _serve(self, cmd: RemotingCommand) -> None:
         # One coroutine for hook, handler and answer: under pipelining every request passes
         # here, and each coroutine layer costs its frame and its StopIteration.
+        observer = self._handlers.observer
+        started = perf_counter_ns() if observer is not None else 0
         try:
             response = None
             if self._request_hook is not None:
@@ -511,6 +525,8 @@ class Connection(FlowControl):
             self._in_flight -= 1
         if response is None or cmd.flag & FLAG_ONEWAY:
             return
+        if observer is not None:
+            observer.record(cmd.code, response.code, perf_counter_ns() - started)
         if self._write_answer(cmd, response) and self._paused:
             try:
                 await self._drain()

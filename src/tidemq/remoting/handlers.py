@@ -6,8 +6,10 @@ the transport, so the set of codes a server answers can be listed and tested wit
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.remoting.log_limit import clip_peer_text
@@ -56,13 +58,61 @@ class ResponseWaiter(Protocol):
     def set_exception(self, exception: BaseException, /) -> None: ...
 
 
-class HandlerTable:
-    """Maps request codes to handlers. Registering a code twice is a wiring bug and raises."""
+# rocketmq_rpc_latency's bucket bounds (ms), as RocketMQ 5's RemotingMetricsManager.
+RPC_LATENCY_BOUNDS_MS: Final = (1, 3, 5, 7, 10, 100, 1000, 2000, 3000)
+_BOUNDS_NS: Final = tuple(ms * 1_000_000 for ms in RPC_LATENCY_BOUNDS_MS)
+# Deferred requests awaiting their answer; past this many (answers lost with their
+# connections) the starts are dropped: a bound on what a metric can hold, not a real load.
+RPC_DEFERRED_MAX: Final = 65_536
 
-    __slots__ = ("_handlers",)
+
+class RpcLatency:
+    """How long served requests took, from dispatch to the answer, by request and response code.
+
+    Connections call it only when a server's HandlerTable has one (`observer`), so a server
+    without metrics pays one attribute read per request. Counting is plain ints on the loop
+    thread: `buckets[(request code, response code)]` holds one count per bound of
+    RPC_LATENCY_BOUNDS_MS, one past the last bound (+Inf), then the sum of latencies in ns.
+    A deferred request (answered later by `Connection.respond`) is timed from `begin` to `end`.
+    """
+
+    __slots__ = ("_started", "buckets")
+
+    def __init__(self) -> None:
+        self.buckets: dict[tuple[int, int], list[int]] = {}
+        self._started: dict[int, int] = {}  # id(request) → perf_counter_ns at `begin`
+
+    def record(self, request_code: int, response_code: int, elapsed_ns: int) -> None:
+        key = (request_code, response_code)
+        counts = self.buckets.get(key)
+        if counts is None:
+            counts = self.buckets[key] = [0] * (len(_BOUNDS_NS) + 2)
+        counts[bisect_left(_BOUNDS_NS, elapsed_ns)] += 1
+        counts[-1] += elapsed_ns
+
+    def begin(self, request: RemotingCommand) -> None:
+        """`request` is deferred: its time runs until `end`. Keyed by identity: the request
+        object lives until it is answered."""
+        started = self._started
+        if len(started) >= RPC_DEFERRED_MAX:
+            started.clear()
+        started[id(request)] = perf_counter_ns()
+
+    def end(self, request: RemotingCommand, response_code: int) -> None:
+        start = self._started.pop(id(request), None)
+        if start is not None:
+            self.record(request.code, response_code, perf_counter_ns() - start)
+
+
+class HandlerTable:
+    """Maps request codes to handlers. Registering a code twice is a wiring bug and raises.
+    `observer`: what times the requests served through it (None: nothing is timed)."""
+
+    __slots__ = ("_handlers", "observer")
 
     def __init__(self) -> None:
         self._handlers: dict[int, Handler] = {}
+        self.observer: RpcLatency | None = None
 
     def register(self, code: int, handler: Handler) -> None:
         """Serve `code` with `handler`.

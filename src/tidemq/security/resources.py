@@ -24,7 +24,10 @@ Permission.ADMIN_CODE, plus what TideMQ adds.
     GET_EARLIEST_MSG_STORETIME /
     GET_TOPIC_STATS_INFO
     GET_CONSUME_STATS                        consumerGroup SUB, topic SUB (when given)
-    GET_CONSUMER_CONNECTION_LIST             consumerGroup SUB
+    GET_CONSUMER_CONNECTION_LIST /           consumerGroup SUB
+    GET_CONSUMER_RUNNING_INFO
+    QUERY_TOPIC_CONSUME_BY_WHO /             topic SUB
+    QUERY_CONSUME_TIME_SPAN
     LOCK_BATCH_MQ / UNLOCK_BATCH_MQ          the body's consumerGroup SUB (JSON body)
     END_TRANSACTION                          producerGroup not DENY; the handler then needs
                                              PUB on the half's REAL_TOPIC (the header's
@@ -42,7 +45,9 @@ Permission.ADMIN_CODE, plus what TideMQ adds.
                                              account or an explicit entry (acl.py)
     admin only                               upstream's five (create/delete topic, create/
                                              delete group, UPDATE_BROKER_CONFIG), plus
-                                             INVOKE_BROKER_TO_RESET_OFFSET, the slave's
+                                             INVOKE_BROKER_TO_RESET_OFFSET,
+                                             GET_PRODUCER_CONNECTION_LIST,
+                                             VIEW_BROKER_STATS_DATA, the slave's
                                              metadata copies (GET_ALL_TOPIC_CONFIG,
                                              GET_ALL_CONSUMER_OFFSET, GET_ALL_DELAY_OFFSET,
                                              GET_ALL_SUBSCRIPTIONGROUP_CONFIG) and
@@ -190,6 +195,9 @@ BROKER_RESOURCES: Final[Mapping[int, _Finder]] = {
     RequestCode.GET_TOPIC_STATS_INFO: _topic_sub,
     RequestCode.GET_CONSUME_STATS: _consume_stats,
     RequestCode.GET_CONSUMER_CONNECTION_LIST: _group_sub,
+    RequestCode.GET_CONSUMER_RUNNING_INFO: _group_sub,
+    RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: _topic_sub,
+    RequestCode.QUERY_CONSUME_TIME_SPAN: _topic_sub,
     RequestCode.LOCK_BATCH_MQ: _lock_batch,
     RequestCode.UNLOCK_BATCH_MQ: _lock_batch,
 }
@@ -251,6 +259,8 @@ UPSTREAM_ADMIN_CODES: Final = frozenset(
 )
 BROKER_ADMIN_CODES: Final = UPSTREAM_ADMIN_CODES | {
     RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+    RequestCode.GET_PRODUCER_CONNECTION_LIST,  # client addresses of any producer group
+    RequestCode.VIEW_BROKER_STATS_DATA,  # figures of any topic or group
     RequestCode.GET_ALL_TOPIC_CONFIG,
     RequestCode.GET_ALL_CONSUMER_OFFSET,
     RequestCode.GET_ALL_DELAY_OFFSET,

@@ -2,7 +2,8 @@
 
     checked messages (put.check_message), in arrival order, of any topics and queues
       ──▶ per commit-log segment, the run of records that fits it: encoded (put.record_parts)
-          and joined, one copy into the mapping
+          and joined, one copy into the mapping (records of 64 KiB or more on average: each body
+          written as it is through the descriptor, one copy and no page faults)
       ──▶ that run's consume-queue entries, one write per queue; its index entries, one
           index-header update; its dispatch events, in order
 
@@ -38,6 +39,7 @@ from tidemq.store.config import StoreConfig
 from tidemq.store.consume_queue import ConsumeQueue, PutAt
 from tidemq.store.dispatch import TX_MASK, TX_PREPARED, TX_ROLLBACK
 from tidemq.store.index import IndexService
+from tidemq.store.mapped_file import MappedFile
 from tidemq.store.types import DispatchEvent, MessageToStore, PutResult, PutStatus
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,31 @@ TopicFilter = Callable[[str], bool]
 Listeners = list[tuple[DispatchListener, TopicFilter | None]]
 # A consume-queue entry as ConsumeQueue.put_run takes it: physical offset, size, tags code.
 CqEntry = tuple[int, int, int]
+
+
+# A run whose records average this size or more is written part by part through the file
+# descriptor (MappedFile.append_parts_written), not joined and copied into the mapping: for a 1 MiB
+# body that is one copy instead of two, and no page fault per fresh page of the mapping.
+LARGE_RECORD_BYTES: Final = 64 * 1024
+
+
+def _write_large(mf: MappedFile, parts: list[bytes]) -> None:
+    """Append `parts` in order: each large one (a body) as it is, the small ones between joined,
+    all with one `MappedFile.append_parts_written`, so the segment's `wrote` (read by the
+    flush thread) moves once, past whole records only, and not at all if a write fails."""
+    writes: list[bytes] = []
+    small: list[bytes] = []
+    for part in parts:
+        if len(part) < LARGE_RECORD_BYTES:
+            small.append(part)
+            continue
+        if small:
+            writes.append(b"".join(small))
+            small.clear()
+        writes.append(part)
+    if small:
+        writes.append(b"".join(small))
+    mf.append_parts_written(writes)
 
 
 class _Run:
@@ -190,7 +217,11 @@ class Appender:
                 next_offsets,
                 wanted,
             )
-            mf.append(b"".join(run.parts))
+            written = run.end_offset - mf.start_offset - mf.wrote
+            if written >= LARGE_RECORD_BYTES * (run.end - start):
+                _write_large(mf, run.parts)
+            else:
+                mf.append(b"".join(run.parts))
             self._dispatch_run(run, next_offsets, results)
             start = run.end
 

@@ -10,6 +10,7 @@ A segment is allocated at full size when created (posix_fallocate where availabl
 disk fails the creation instead of a later page fault), mapped read-write, and written through
 the map. `wrote` is the position up to which the segment holds data; `flushed` the position up
 to which a flush has returned. The queue's owner sets `wrote` on load (recovery finds the end).
+Consume queues use lazy_file.py's subclass instead: sparse, no descriptor kept, mapped on use.
 
 Threads: the event-loop thread appends; a flush thread calls `flush`. The segment list is
 guarded by `lock` for structural changes (add, delete, close); writes to a mapped page need no
@@ -53,12 +54,13 @@ through the mapping, and given back to the kernel afterwards, so it never joins 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import mmap
 import os
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -104,11 +106,19 @@ def data_ranges(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
         pos = hole
 
 
+def _pwrite_all(fd: int, data: bytes | memoryview, pos: int) -> None:
+    """pwrite all of `data` at `pos` (a regular file takes all of it, barring a signal)."""
+    with memoryview(data) as view:
+        done = os.pwrite(fd, view, pos)
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], pos + done)
+
+
 def segment_name(start_offset: int) -> str:
     return f"{start_offset:0{SEGMENT_NAME_DIGITS}d}"
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -159,7 +169,7 @@ class MappedFile:
             path.unlink(missing_ok=True)
             raise
         os.close(fd)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return cls(path, start_offset, size)
 
     @property
@@ -185,15 +195,43 @@ class MappedFile:
         cache). For a large append to fresh pages (a slave's runs, store/replica.py) this
         skips the page fault per page of the writer's mapping (~3x less CPU per MiB), and the
         pages join the process's RSS only when read through the mapping."""
-        pos = self.wrote
-        end = pos + len(data)
-        assert end <= self.size, (pos, len(data), self.size)
-        with memoryview(data) as view:
-            done = os.pwrite(self._fd, view, pos)
-            while done < len(view):  # a regular file takes all of it, barring a signal
-                done += os.pwrite(self._fd, view[done:], pos + done)
+        return self.append_parts_written((data,))
+
+    def append_parts_written(self, parts: Sequence[bytes | memoryview]) -> int:
+        """`append_written` of `parts`, one after the other, with `wrote` moved ONCE, after the
+        last: a flush thread reads `wrote` unlocked (pwrite releases the GIL), and a flushed
+        offset inside a record would make a crash mid-write look like damage below the flushed
+        offset to recovery. On an error `wrote` stays where it was, and the bytes written past
+        it are zeroed (best effort: if that fails too they are a torn tail, which recovery's
+        CRC check finds and zeroes; the next append overwrites them from `wrote` anyway)."""
+        start = pos = self.wrote
+        end = start + sum(map(len, parts))
+        if end > self.size:
+            raise ValueError(f"{self.path}: append of [{start}, {end}) past size {self.size}")
+        try:
+            for data in parts:
+                _pwrite_all(self._fd, data, pos)
+                pos += len(data)
+        except OSError:
+            self._zero_torn(start, end)
+            raise
         self.wrote = end
-        return pos
+        return start
+
+    def _zero_torn(self, start: int, end: int) -> None:
+        """Zero [start, end) after a failed append (`append_parts_written`), best effort."""
+        try:
+            for at in range(start, end, _ZERO_CHECK_CHUNK_BYTES):
+                _pwrite_all(self._fd, _ZEROS[: min(_ZERO_CHECK_CHUNK_BYTES, end - at)], at)
+        except OSError as exc:
+            logger.error(
+                "%s: could not zero [%d, %d) after a failed append (%s): a torn tail that "
+                "recovery will find and zero",
+                self.path,
+                start,
+                end,
+                exc,
+            )
 
     def write_at(self, pos: int, data: bytes) -> None:
         assert pos >= 0
@@ -203,30 +241,47 @@ class MappedFile:
     def read(self, pos: int, length: int) -> bytes:
         return self.mm[pos : pos + length]
 
+    def peek(self, pos: int, length: int) -> bytes:
+        """`read` for a one-off look (a start's scan): a lazy segment (lazy_file.py) reads it
+        without mapping itself."""
+        return self.mm[pos : pos + length]
+
+    @contextlib.contextmanager
+    def _descriptor(self) -> Iterator[int]:
+        """A descriptor of the file for one operation: ours (lazy_file.py opens one per call)."""
+        yield self._fd
+
+    @contextlib.contextmanager
+    def held_open(self) -> Iterator[None]:
+        """Within: one descriptor serves every operation (lazy_file.py; here one always does)."""
+        yield
+
     def written_ranges(self, pos: int) -> list[tuple[int, int]]:
         """The ranges of [pos, size) that may hold non-zero bytes (module docstring)."""
-        return list(data_ranges(self._fd, pos, self.size))
+        with self._descriptor() as fd:
+            return list(data_ranges(fd, pos, self.size))
 
     def nonzero_chunks(self, pos: int) -> Generator[tuple[int, int], None, None]:
         """(position, length) of each chunk of [pos, size) holding a non-zero byte, read with
         pread over `written_ranges` only: the cost is what was written, not the segment size."""
         advise = hasattr(os, "posix_fadvise")
-        if advise:
-            # No readahead past what we ask: it would only make more of the tail look written.
-            # The mode belongs to the open file, which the mapping shares: reset it after.
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
-        try:
-            for start, end in self.written_ranges(pos):
-                at = start
-                while at < end:
-                    n = min(_ZERO_CHECK_CHUNK_BYTES, end - at)
-                    data = os.pread(self._fd, n, at)
-                    if data != (_ZEROS if n == _ZERO_CHECK_CHUNK_BYTES else bytes(n)):
-                        yield at, n
-                    at += n
-        finally:
-            if advise and self._fd >= 0:
-                os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_NORMAL)
+        with self._descriptor() as fd:
+            if advise:
+                # No readahead past what we ask: it would only make more of the tail look
+                # written. The mode belongs to the open file, which the mapping shares: reset it.
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            try:
+                for start, end in list(data_ranges(fd, pos, self.size)):
+                    at = start
+                    while at < end:
+                        n = min(_ZERO_CHECK_CHUNK_BYTES, end - at)
+                        data = os.pread(fd, n, at)
+                        if data != (_ZEROS if n == _ZERO_CHECK_CHUNK_BYTES else bytes(n)):
+                            yield at, n
+                        at += n
+            finally:
+                if advise and fd >= 0 and self._fd == fd:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
 
     def zero_from(self, pos: int) -> None:
         """Zero [pos, size) and set wrote = pos (truncation).
@@ -242,7 +297,8 @@ class MappedFile:
             self.mm[at : at + n] = bytes(n)
             dirty = True
         if dirty and not self.read_only:
-            os.fdatasync(self._fd)
+            with self._descriptor() as fd:
+                os.fdatasync(fd)
         self._drop_tail(pos)
         self.wrote = pos
         self.flushed = min(self.flushed, pos)
@@ -256,7 +312,8 @@ class MappedFile:
         if _MADV_DONTNEED is not None and not self.mm.closed:
             self.mm.madvise(_MADV_DONTNEED, start, self.size - start)
         if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self._fd, start, self.size - start, os.POSIX_FADV_DONTNEED)
+            with self._descriptor() as fd:
+                os.posix_fadvise(fd, start, self.size - start, os.POSIX_FADV_DONTNEED)
 
     def flush(self) -> int:
         """Make the bytes written since the last flush durable; returns the flushed position."""
@@ -281,6 +338,9 @@ class MappedFile:
         Unless pages were touched or the file is done, nothing happens until at least `step`
         bytes can go (one madvise per step, not one per group-commit flush).
         """
+        return self._release_from(self.mm, limit, step)
+
+    def _release_from(self, mm: mmap.mmap, limit: int, step: int) -> int:
         if self.released >= self.size and self.touched_from >= self.size:
             return 0  # all released and nothing touched since: the common case of old files
         end = min(limit, self.flushed)
@@ -295,10 +355,10 @@ class MappedFile:
             start = min(start, touched - touched % _FAULT_AROUND_BYTES)
         elif end - start < step and end < self.size:
             return 0
-        if end <= start or self.mm.closed or _MADV_DONTNEED is None:
+        if end <= start or mm.closed or _MADV_DONTNEED is None:
             return 0
         try:
-            self.mm.madvise(_MADV_DONTNEED, start, end - start)
+            mm.madvise(_MADV_DONTNEED, start, end - start)
         except OSError as exc:
             # Only memory is at stake: keep the pages mapped rather than fail the flush.
             logger.warning("%s: madvise of [%d, %d) failed: %s", self.path, start, end, exc)
@@ -331,9 +391,10 @@ class MappedFileQueue:
 
     def load(self) -> None:
         """Map every segment; all are marked full until the owner sets the end."""
-        if not self.directory.is_dir():
+        try:  # scandir: the entries' types come with the listing, no stat per file
+            names = sorted(Path(e.path) for e in os.scandir(self.directory) if e.is_file())
+        except (FileNotFoundError, NotADirectoryError):
             return
-        names = sorted(p for p in self.directory.iterdir() if p.is_file())
         for path in names:
             if len(path.name) != SEGMENT_NAME_DIGITS or not path.name.isdigit():
                 logger.warning("ignoring stray file %s", path)
@@ -347,7 +408,7 @@ class MappedFileQueue:
                     self.directory,
                     path.name,
                 )
-            mf = MappedFile(path, start, self.file_size, read_only=self.read_only)
+            mf = self._open_file(path, start)
             mf.wrote = mf.flushed = self.file_size
             self.files.append(mf)
 
@@ -371,12 +432,16 @@ class MappedFileQueue:
         assert start_offset % self.file_size == 0
         assert not self.files or start_offset == self.files[-1].end_offset
         self.directory.mkdir(parents=True, exist_ok=True)
-        mf = MappedFile.create(
-            self.directory / segment_name(start_offset), start_offset, self.file_size
-        )
+        mf = self._create_file(self.directory / segment_name(start_offset), start_offset)
         with self.lock:
             self.files.append(mf)
         return mf
+
+    def _open_file(self, path: Path, start_offset: int) -> MappedFile:
+        return MappedFile(path, start_offset, self.file_size, read_only=self.read_only)
+
+    def _create_file(self, path: Path, start_offset: int) -> MappedFile:
+        return MappedFile.create(path, start_offset, self.file_size)
 
     def find_file(self, offset: int) -> MappedFile | None:
         files = self.files

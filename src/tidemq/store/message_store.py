@@ -3,8 +3,7 @@
     <root_dir>/
       commitlog/<20-digit start offset>            records (commit_log.py)
       consumequeue/<topic>/<queueId>/<20 digits>   20-byte entries (consume_queue.py)
-      consumequeue/.queues                         "topic/queueId" lines: the queues that
-                                                   exist (queue_manifest.py)
+      consumequeue/.queues                         the queues that exist (queue_manifest.py)
       index/<20 digits>                            key hash files (index.py)
       checkpoint                                   flushed offsets (checkpoint.py)
       lock                                         flock'd by the live store, holds its pid
@@ -46,9 +45,10 @@ from tidemq.store import dispatch as dsp
 from tidemq.store.checkpoint import Checkpoint, CheckpointFile, read_checkpoint
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import StoreConfig
-from tidemq.store.consume_queue import ConsumeQueue
+from tidemq.store.consume_queue import ConsumeQueue, flush_queues
 from tidemq.store.dispatch_retry import DispatchRetry, notify_listeners, redispatch_from
 from tidemq.store.index import IndexService
+from tidemq.store.lazy_file import MappingCache
 from tidemq.store.lock import StoreLock
 from tidemq.store.recovery import NeedFullRebuild, RecoveryReport, recover
 from tidemq.store.types import (
@@ -95,6 +95,8 @@ class FileMessageStore:
         )
         self._cq_root = root / "consumequeue"
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._mappings = MappingCache()  # of every consume queue's files (lazy_file.py)
+        self._queues_made = self._manifest_made = 0  # queues created / named by the manifest
         self._index = IndexService(
             root / "index", config.index_slot_count, config.index_entry_count
         )
@@ -205,20 +207,14 @@ class FileMessageStore:
             self._lock = None
 
     def _load_queues(self) -> None:
-        if not self._cq_root.is_dir():
-            return
-        for topic_dir in sorted(self._cq_root.iterdir()):
-            if not topic_dir.is_dir():
-                continue
-            for qdir in sorted(topic_dir.iterdir()):
-                if not (qdir.is_dir() and qdir.name.isdigit()):
-                    continue
-                cq = self._new_queue(topic_dir.name, int(qdir.name))
-                cq.load()
-                self._queues[(cq.topic, cq.queue_id)] = cq
+        for topic, queue_id in queue_manifest.queue_dirs(self._cq_root):
+            cq = self._new_queue(topic, queue_id)
+            cq.load()
+            self._queues[(topic, queue_id)] = cq
 
     def _new_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
-        return ConsumeQueue(self._cq_root, topic, queue_id, self.config.consume_queue_file_entries)
+        entries = self.config.consume_queue_file_entries
+        return ConsumeQueue(self._cq_root, topic, queue_id, entries, mappings=self._mappings)
 
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = self._queues.get((topic, queue_id))
@@ -226,8 +222,9 @@ class FileMessageStore:
             cq = self._new_queue(topic, queue_id)
             with self._table_lock:
                 self._queues[(topic, queue_id)] = cq
-            if self._running:  # recovery's new queues are named once, at the end of start
-                queue_manifest.write(self._cq_root, self._queues.keys())
+                # Named by the next flush, before its checkpoint (not per queue: 10,000 new
+                # queues would write it 10,000 times); recovery's, at the end of start.
+                self._queues_made += 1
         return cq
 
     # --- dispatch -----------------------------------------------------------------------------
@@ -554,8 +551,11 @@ class FileMessageStore:
                 return log_flushed
             with self._table_lock:
                 queues = list(self._queues.values())
-            for cq in queues:
-                cq.flush()
+                made = self._queues_made
+            flush_queues(queues)  # if it raises, the next flush writes the manifest
+            if made != self._manifest_made:
+                queue_manifest.write(self._cq_root, ((cq.topic, cq.queue_id) for cq in queues))
+                self._manifest_made = made
             self._index.flush()
             # Two full flushes can overlap (a stop's last flush and a cancelled task's thread):
             # the checkpoint never moves back.

@@ -6,8 +6,9 @@ A restart scans the commit log from the checkpoint itself, so it costs the recor
 after it (none after a clean stop), not the records of the segment holding it. That segment
 scan used to be what noticed a consume queue lost since (its records re-dispatched as STARTED).
 The manifest keeps that: when a queue it names is missing, recovery falls back to re-dispatching
-from the start of that segment (recovery.scan_start), which notices. It is rewritten when a
-queue is created or a topic deleted, at the end of a start and at a stop; not synced: a lost
+from the start of that segment (recovery.scan_start), which notices. It is rewritten by the
+first flush after queues are created (before that flush's checkpoint), when a topic is
+deleted, at the end of a start and at a stop; not synced: a lost
 update only leaves a queue out of the check (a subset is still checked), and no manifest at all
 (a store written before it) means the fallback.
 """
@@ -15,6 +16,7 @@ update only leaves a queue out of the check (a subset is still checked), and no 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
@@ -22,6 +24,25 @@ from typing import Final
 logger = logging.getLogger(__name__)
 
 QUEUE_MANIFEST_NAME: Final = ".queues"
+
+
+def queue_dirs(cq_root: Path) -> list[tuple[str, int]]:
+    """(topic, queue id) of every queue directory under `cq_root`, sorted. One scandir per
+    directory (its entries say which are directories without a stat each): a start with
+    10,000 queues lists 10,000 directories."""
+    found: list[tuple[str, int]] = []
+    try:
+        topics = [e for e in os.scandir(cq_root) if e.is_dir()]
+    except FileNotFoundError:
+        return found
+    for topic in topics:
+        found.extend(
+            (topic.name, int(q.name))
+            for q in os.scandir(topic.path)
+            if q.name.isdigit() and q.is_dir()
+        )
+    found.sort()
+    return found
 
 
 def write(cq_root: Path, queues: Iterable[tuple[str, int]]) -> None:

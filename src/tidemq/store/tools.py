@@ -8,9 +8,10 @@ nor takes its lock (store/lock.py): they can run next to a live broker, and say 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Final, TextIO
 
 from tidemq.errors import CorruptRecordError
 from tidemq.protocol import record as rec
@@ -52,8 +53,14 @@ def _segment_size(directory: Path) -> int | None:
     return None
 
 
-def verify(root_dir: Path) -> VerifyReport:
-    """Check every commit-log record's CRC and every consume-queue entry against the log."""
+# verify's progress callback is called about once per this many bytes of commit log read.
+PROGRESS_STEP: Final = 1 << 20
+
+
+def verify(root_dir: Path, progress: Callable[[int], None] | None = None) -> VerifyReport:
+    """Check every commit-log record's CRC and every consume-queue entry against the log.
+    `progress` is given the bytes of commit log read since its last call (a CLI bar: reading
+    a big store takes minutes)."""
     root = Path(root_dir)
     report = VerifyReport(clean_stop=not (root / "abort").exists(), live_pid=holder_pid(root))
     report.checkpoint = read_checkpoint(root / "checkpoint")
@@ -66,7 +73,7 @@ def verify(root_dir: Path) -> VerifyReport:
         report.segments = len(log.files.files)
         report.first_offset = log.min_offset
         scanner = LogScanner(log, log.min_offset)
-        report.records = sum(1 for _ in scanner.records())
+        report.records = _count_records(scanner, progress)
         report.end_offset = scanner.end_offset
         report.stop_reason = scanner.stop_reason
         holder = log.files.find_file(report.end_offset)
@@ -86,6 +93,19 @@ def verify(root_dir: Path) -> VerifyReport:
     finally:
         log.close()
     return report
+
+
+def _count_records(scanner: LogScanner, progress: Callable[[int], None] | None) -> int:
+    count = 0
+    reported = scanner.start
+    for message in scanner.records():
+        count += 1
+        if progress is not None and message.physical_offset - reported >= PROGRESS_STEP:
+            progress(message.physical_offset - reported)
+            reported = message.physical_offset
+    if progress is not None and scanner.end_offset > reported:
+        progress(scanner.end_offset - reported)
+    return count
 
 
 def _verify_queues(root: Path, log: CommitLog, report: VerifyReport) -> None:

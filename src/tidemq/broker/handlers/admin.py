@@ -14,14 +14,18 @@ Runtime info (28) carries the replication keys of ha_info.py.
 Topic changes go through the TopicTable, whose change listener re-registers with the name
 servers. A slave refuses the admin writes (17, 215) with SLAVE_NOT_AVAILABLE, as it refuses sends:
 its tables are copies of its master's (slave_sync.py), replaced on the next copy round.
-Statistics bodies use TideMQ's list form (protocol/bodies_client.py); the consumer connection
-body (203) follows Java's ConsumerConnection field names.
+Bodies are what Java's fastjson writes for upstream's classes (rocketmq-exporter and the
+dashboard read them): TopicStatsTable and ConsumeStats with MessageQueue object keys
+(protocol/bodies_client.py), ConsumerConnection (203) from protocol/bodies_admin.py. consumeTps
+(208) and runtime info's exporter keys (28: putTps, msgPutTotalTodayNow, ...) come from
+BrokerStats (broker/stats.py, admin_ops.exporter_fields).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from datetime import date
 from typing import Any
 
 import orjson
@@ -31,10 +35,12 @@ from tidemq.broker.clients import ClientRegistry
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.config_file import render_config
 from tidemq.broker.groups import SubscriptionGroupTable
+from tidemq.broker.handlers.admin_ops import AdminOps, DayTotals, exporter_fields
 from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded, slave_refusal_remark
 from tidemq.broker.handlers.ha_info import HAFields
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.slave_sync import LOG_OFFSET_KEY
+from tidemq.broker.stats import GROUP_GET_NUMS, BrokerStats
 from tidemq.broker.timer import TIMER_PROGRESS_KEY
 from tidemq.broker.topics import TOPIC_QUEUE_NUMS_MAX, TopicTable
 from tidemq.clock import Clock
@@ -48,6 +54,7 @@ from tidemq.protocol.bodies import (
     TopicOffset,
     TopicStatsTable,
 )
+from tidemq.protocol.bodies_admin import ClientConnection, ConsumerConnection
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
@@ -79,11 +86,13 @@ class AdminHandlers:
         delay_offsets: Callable[[], bytes] | None = None,
         timer_progress: Callable[[], dict[str, Any]] | None = None,
         ha_fields: HAFields | None = None,
+        stats: BrokerStats | None = None,
     ) -> None:
         """`groups` and `delay_offsets` (the schedule's `to_json`) answer 201 and 45;
         `timer_progress` (the timer wheel's `progress_doc`) adds TideMQ's key to 45 for our
         slaves (broker/slave_sync.py); `ha_fields` adds the replication keys to runtime info
-        (ha_info.py)."""
+        (ha_info.py); `stats` consumeTps and the exporter's runtime keys. With `groups` and
+        `stats`, the operations of admin_ops.py are served too."""
         self._config = config
         self._address = address
         self._clock = clock
@@ -96,6 +105,14 @@ class AdminHandlers:
         self._timer_progress = timer_progress
         self._ha_fields = ha_fields
         self._boot_ms = clock.now_ms()
+        self._stats = stats
+        self._day_totals = (
+            DayTotals(stats, lambda: date.today().toordinal()) if stats is not None else None
+        )
+
+    def replace_config(self, config: BrokerConfig) -> None:
+        """Settings changed at run time (UPDATE_BROKER_CONFIG, admin_ops.py)."""
+        self._config = config
 
     def register(self, table: HandlerTable) -> None:
         table.register(RequestCode.UPDATE_AND_CREATE_TOPIC, guarded(self.create_topic))
@@ -113,6 +130,18 @@ class AdminHandlers:
             table.register(
                 RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, guarded(self.all_subscription_groups)
             )
+        if self._groups is not None and self._stats is not None:
+            AdminOps(
+                self._config,
+                self._store,
+                self._topics,
+                self._offsets,
+                self._clients,
+                self._groups,
+                self._stats,
+                now_ms=self._clock.now_ms,
+                on_config=self.replace_config,
+            ).register(table)
 
     # -- topics ------------------------------------------------------------------------------
 
@@ -234,8 +263,11 @@ class AdminHandlers:
                     consumer_offset=consumer if consumer is not None else 0,
                     last_timestamp=last or 0,
                 )
+        tps = 0.0
+        if self._stats is not None:
+            tps = sum(self._stats.tps(GROUP_GET_NUMS, f"{topic}@{group}") for topic in topics)
         return request.response(
-            ResponseCode.SUCCESS, body=ConsumeStats(offset_table=table).to_json()
+            ResponseCode.SUCCESS, body=ConsumeStats(offset_table=table, consume_tps=tps).to_json()
         )
 
     async def consumer_connections(
@@ -248,30 +280,22 @@ class AdminHandlers:
                 ResponseCode.CONSUMER_NOT_ONLINE,
                 f"the consumer group[{header.consumer_group}] not online",
             )
-        body: dict[str, Any] = {
-            "connectionSet": [
-                {
-                    "clientId": chan.client_id,
-                    "clientAddr": chan.connection.peer_text,
-                    "language": chan.language,
-                    "version": chan.version,
-                }
+        body = ConsumerConnection(
+            connection_set=[
+                ClientConnection(
+                    client_id=chan.client_id,
+                    client_addr=chan.connection.peer_text,
+                    language=chan.language,
+                    version=chan.version,
+                )
                 for chan in info.channels.values()
             ],
-            "subscriptionTable": {
-                topic: {
-                    "topic": sub.topic,
-                    "subString": sub.sub_string,
-                    "subVersion": sub.sub_version,
-                    "expressionType": sub.expression_type,
-                }
-                for topic, sub in info.subscriptions.items()
-            },
-            "consumeType": info.consume_type,
-            "messageModel": info.message_model,
-            "consumeFromWhere": info.consume_from_where,
-        }
-        return request.response(ResponseCode.SUCCESS, body=orjson.dumps(body))
+            subscription_table=dict(info.subscriptions),
+            consume_type=info.consume_type,
+            message_model=info.message_model,
+            consume_from_where=info.consume_from_where,
+        )
+        return request.response(ResponseCode.SUCCESS, body=body.to_json())
 
     async def all_consumer_offsets(
         self, connection: Connection, request: RemotingCommand
@@ -327,6 +351,8 @@ class AdminHandlers:
             "producerGroupCount": str(len(self._clients.producer_groups())),
             "pid": str(os.getpid()),
         }
+        if self._stats is not None and self._day_totals is not None:
+            table.update(exporter_fields(self._stats, self._store, self._day_totals))
         if self._ha_fields is not None:
             table.update(self._ha_fields())
         return request.response(ResponseCode.SUCCESS, body=KVTable(table=table).to_json())

@@ -43,6 +43,7 @@ from tidemq.broker.handlers.common import (
     response_name,
     slave_refusal_remark,
 )
+from tidemq.broker.trace import BrokerTrace
 from tidemq.broker.transaction.ledger import TransactionForgotten
 from tidemq.broker.transaction.resolution import Answer, EndResult, TransactionResolver
 from tidemq.broker.transaction.states import IllegalStateTransition, TxInput
@@ -75,7 +76,10 @@ class EndTransactionHandler:
         resolver: TransactionResolver,
         wait_durable: WaitDurable,
         gate: AccessGate = NO_ACL,
+        trace: BrokerTrace | None = None,
     ) -> None:
+        """`trace`: the message trace told of each answer that passed the checks (None: off)."""
+        self._trace = trace
         self._gate = gate
         self._config = config
         self._resolver = resolver
@@ -120,6 +124,8 @@ class EndTransactionHandler:
                 shown="the transaction's topic",
             )
         self._check_answer(header, answer)
+        if self._trace is not None:
+            self._trace.ended(header, answer.props, tx_input)
         if request.flag & FLAG_ONEWAY:
             self._join_round(answer, header.msg_id, connection)
             return None

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from tidemq.broker.handlers.common import Refusal, guarded
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.topics import TopicTable
+from tidemq.broker.trace import BrokerTrace
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
@@ -59,6 +60,7 @@ def commit_clamped(
     *,
     lagging: bool = False,
     log_end: int | None = None,
+    trace: BrokerTrace | None = None,
 ) -> bool:
     """Commit `offset` clamped to the queue's [min, max] (names and queue id already checked);
     with `log_end` (a controller-mode master's confirm offset), max is the visible end.
@@ -66,12 +68,15 @@ def commit_clamped(
     `lagging`: a consumer's commit on a slave. The store is a copy, which may not hold yet what
     the consumer read from the master, so an offset past its end is kept as it is (clamping it
     would deliver those messages again); and the commit is pending until the master has it
-    (broker/offsets.py: the slave's copies of the master's table keep it and push it there)."""
+    (broker/offsets.py: the slave's copies of the master's table keep it and push it there).
+    `trace`: told the offsets it passes (message trace, broker/trace.py; None when off)."""
     if offset < 0:
         return offsets.commit(group, topic, queue_id, offset)  # ignored there, and logged
     offset = max(offset, store.min_offset(topic, queue_id))
     if not lagging:
         offset = min(offset, queue_end(store, topic, queue_id, log_end))
+    if trace is not None:
+        trace.acked(group, topic, queue_id, offsets.query(group, topic, queue_id), offset)
     return offsets.commit(group, topic, queue_id, offset, pending=lagging)
 
 
@@ -91,9 +96,12 @@ class OffsetHandlers:
         *,
         is_slave: bool = False,
         visible_end: Callable[[], int] | None = None,
+        trace: BrokerTrace | None = None,
     ) -> None:
         """`is_slave`: commits past the store's end are kept (`commit_clamped`'s `lagging`).
-        `visible_end`: a controller-mode master's confirm offset (None: no limit; module doc)."""
+        `visible_end`: a controller-mode master's confirm offset (None: no limit; module doc).
+        `trace`: the message trace told of commits (None when off)."""
+        self._trace = trace
         self._store = store
         self._offsets = offsets
         self._topics = topics
@@ -151,6 +159,7 @@ class OffsetHandlers:
             header.commit_offset,
             lagging=self._is_slave,
             log_end=self._log_end(),
+            trace=self._trace,
         )
         return request.response(ResponseCode.SUCCESS)
 

@@ -69,7 +69,9 @@ from tidemq.broker.handlers.common import Refusal, guarded
 from tidemq.broker.handlers.offsets import commit_clamped, queue_end
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.pull_hold import PullHoldService
+from tidemq.broker.stats import BrokerStats
 from tidemq.broker.topics import TopicTable
+from tidemq.broker.trace import BrokerTrace
 from tidemq.errors import ProtocolError
 from tidemq.limits import PULL_MESSAGE_COUNT_MAX
 from tidemq.protocol.codes import RequestCode, ResponseCode
@@ -157,9 +159,13 @@ class PullHandler:
         hold: PullHoldService,
         *,
         visible_end: Callable[[], int] | None = None,
+        stats: BrokerStats | None = None,
+        trace: BrokerTrace | None = None,
     ) -> None:
         """`visible_end`: the log offset records must end at or below to be served (None:
-        every record; the module doc)."""
+        every record; the module doc); `stats`: what served pulls are counted in."""
+        self._stats = stats
+        self._trace = trace  # message trace (broker/trace.py): None when off
         self._config = config
         self._store = store
         self._topics = topics
@@ -199,9 +205,10 @@ class PullHandler:
                 header.queue_id,
                 header.commit_offset,
                 log_end=self._log_end(),
+                trace=self._trace,
             )
         if first.code != _NOT_FOUND or not flags & PullSysFlag.SUSPEND:
-            return self._response(request, first, group)
+            return self._response(request, first, group, header)
         timeout_ms = (
             header.suspend_timeout_millis
             if self._config.long_polling_enable
@@ -219,7 +226,7 @@ class PullHandler:
         )
         if connection.closed:
             return None
-        return self._response(request, self._evaluate(header, tag_filter), group)
+        return self._response(request, self._evaluate(header, tag_filter), group, header)
 
     def _check(
         self, connection: Connection, header: PullMessageRequestHeader
@@ -330,7 +337,11 @@ class PullHandler:
         return group.broker_id
 
     def _response(
-        self, request: RemotingCommand, evaluation: _Evaluation, group: SubscriptionGroupConfig
+        self,
+        request: RemotingCommand,
+        evaluation: _Evaluation,
+        group: SubscriptionGroupConfig,
+        header: PullMessageRequestHeader,
     ) -> RemotingCommand:
         result = evaluation.result
         fields = PullMessageResponseHeader(
@@ -340,7 +351,15 @@ class PullHandler:
             max_offset=result.max_offset,
         ).to_fields()
         if evaluation.code == _FOUND:
-            return request.response(_FOUND, fields, b"".join(result.records))
+            body = b"".join(result.records)
+            stats = self._stats
+            if stats is not None:
+                name, topic = header.consumer_group, header.topic
+                stats.got(name, topic, len(result.records), len(body))
+                stats.pulled(name, topic, header.queue_id, result.next_begin_offset)
+            if self._trace is not None:
+                self._trace.delivered(header.consumer_group, header.topic, result.records)
+            return request.response(_FOUND, fields, body)
         remark = {
             _NOT_FOUND: "no new message",
             _RETRY: "no matched message",

@@ -62,7 +62,9 @@ from tidemq.broker.handlers.send_back import header_max_reconsume_times, redirec
 from tidemq.broker.handlers.send_body import CompressedBodyCheck
 from tidemq.broker.handlers.send_coalesce import SendCoalescer, Substitute, store_refusal
 from tidemq.broker.schedule import DelayRefused, DelayRouter
+from tidemq.broker.stats import BrokerStats
 from tidemq.broker.topics import TopicTable
+from tidemq.broker.trace import BrokerTrace
 from tidemq.broker.transaction.ledger import TransactionBusy
 from tidemq.broker.transaction.resolution import TransactionResolver
 from tidemq.clock import Clock, SystemClock
@@ -120,8 +122,14 @@ class SendHandler:
         transactions: TransactionResolver | None = None,
         delays: DelayRouter | None = None,
         clock: Clock | None = None,
+        stats: BrokerStats | None = None,
+        trace: BrokerTrace | None = None,
     ) -> None:
+        """`stats`: what stored sends are counted in (None: not counted); `trace`: the message
+        trace, told which producer group each connection sends for (None: off)."""
         self._config = config
+        self._trace = trace
+        self._stats = stats
         self._address = address
         self._store = store
         self._topics = topics
@@ -131,7 +139,7 @@ class SendHandler:
         self._delays = delays
         # Spreads sends with queueId < 0 over the queues (no randomness outside cli/testing).
         self._spread = itertools.count()
-        self._coalescer = SendCoalescer(store, durability, address)
+        self._coalescer = SendCoalescer(store, durability, address, stats)
         # A COMPRESSED body must inflate (send_body.py): a batch body to at most its largest
         # uncompressed form, a single body to maxMessageSize.
         self._compressed = CompressedBodyCheck(
@@ -166,6 +174,8 @@ class SendHandler:
         self, connection: Connection, request: RemotingCommand
     ) -> RemotingCommand | None:
         header = SendMessageRequestHeader.from_fields(request.ext_fields)
+        if self._trace is not None:
+            self._trace.producer_seen(connection.peer, header.producer_group)
         topic = header.topic
         topic_config = self._checked.get(topic) or self._check(connection, header)
         queue_id = self._queue_id(header, topic_config)
@@ -182,9 +192,9 @@ class SendHandler:
         transactional = TRAN_MSG in properties and is_true_text(properties[TRAN_MSG])
         if transactional or len(body) > self._config.max_message_size:
             self._check_single(body, properties)
-        if sys_flag & SysFlag.COMPRESSED and SysFlag.is_zlib_compressed(sys_flag):
-            # LZ4 and ZSTD bodies (RocketMQ 5 producers) are stored as sent, as upstream does.
-            refusal = self._compressed.check(body, topic, connection.peer_text)
+        if sys_flag & SysFlag.COMPRESSED:
+            # zlib, LZ4 or ZSTD by sysFlag bits 8-10 (send_body.py).
+            refusal = self._compressed.check(body, topic, connection.peer_text, sys_flag)
             if refusal is not None:
                 return request.response(ResponseCode.MESSAGE_ILLEGAL, remark=refusal)
         address = self._address
@@ -426,6 +436,8 @@ class SendHandler:
         failed = next((r for r in results if not r.ok), None)
         if failed is not None:
             raise Refusal(*store_refusal(header.topic, failed))
+        if self._stats is not None:  # a batch or a parked message, under the sender's topic
+            self._stats.put(header.topic, len(results), sum(r.size for r in results))
         host, port = self._address.host, self._address.port
         if len(results) == 1:
             msg_ids = offset_msg_id(host, port, results[0].physical_offset)

@@ -36,6 +36,7 @@ from tidemq.broker.handlers.common import (
 )
 from tidemq.broker.restore import message_from_stored
 from tidemq.broker.schedule import DelayRefused, DelayRouter
+from tidemq.broker.stats import BrokerStats
 from tidemq.broker.topics import PERM_DEFAULT, TopicTable
 from tidemq.errors import CorruptRecordError
 from tidemq.protocol import record as rec
@@ -56,6 +57,7 @@ from tidemq.protocol.message import (
     offset_msg_id,
     validate_group,
 )
+from tidemq.protocol.names import DLQ_GROUP_TOPIC_PREFIX
 from tidemq.remoting.connection import Connection
 from tidemq.remoting.handlers import HandlerTable
 from tidemq.security.permissions import Perm as AclPerm
@@ -116,8 +118,11 @@ class SendBackHandler:
         durability: Durability,
         delays: DelayRouter,
         gate: AccessGate = NO_ACL,
+        stats: BrokerStats | None = None,
     ) -> None:
+        """`stats`: where a move to the DLQ is counted."""
         self._gate = gate
+        self._stats = stats
         self._config = config
         self._address = address
         self._store = store
@@ -154,6 +159,8 @@ class SendBackHandler:
                 ResponseCode.SYSTEM_ERROR,
                 f"send back to {destination} failed: {result.status.value} {result.error}",
             )
+        if self._stats is not None and destination.startswith(DLQ_GROUP_TOPIC_PREFIX):
+            self._stats.to_dlq(header.group, header.origin_topic or original.topic)
         code, remark = await self._durability.wait_durable(result.physical_offset + result.size)
         return request.response(code, remark=remark or None)
 

@@ -43,6 +43,7 @@ from typing import Final, NamedTuple
 
 from tidemq.broker.durability import Durability
 from tidemq.broker.handlers.common import PUT_STATUS_CODES, BrokerAddress, refuse
+from tidemq.broker.stats import BrokerStats
 from tidemq.protocol.codes import ResponseCode
 from tidemq.protocol.frame import RemotingCommand, SerializeType, encode_send_success
 from tidemq.protocol.headers_send import send_response_fields
@@ -87,12 +88,17 @@ def store_refusal(topic: str, result: PutResult) -> tuple[int, str]:
 class SendCoalescer:
     """Collects the plain single sends of a loop turn; stores and answers them together."""
 
-    __slots__ = ("_address", "_durability", "_pending", "_scheduled", "_store")
+    __slots__ = ("_address", "_durability", "_pending", "_scheduled", "_stats", "_store")
 
     def __init__(
-        self, store: FileMessageStore, durability: Durability, address: BrokerAddress
+        self,
+        store: FileMessageStore,
+        durability: Durability,
+        address: BrokerAddress,
+        stats: BrokerStats | None = None,
     ) -> None:
         self._store = store
+        self._stats = stats
         self._durability = durability
         self._address = address
         self._pending: list[_Pending] = []
@@ -137,6 +143,8 @@ class SendCoalescer:
                 connection.respond(request, response)
             return
         stored = self._answer_refused(pending, results, msg_ids)
+        if self._stats is not None and ok:
+            self._count(pending, results)
         if not stored:
             return
         durability = self._durability
@@ -176,6 +184,24 @@ class SendCoalescer:
                 queue_id = substitute.queue_id
             stored.append((connection, request, msg_id, queue_id, result.queue_offset))
         return stored
+
+    def _count(self, pending: list[_Pending], results: list[PutResult]) -> None:
+        """Count the stored sends, one `put` per topic of the group (mostly a single one)."""
+        stats = self._stats
+        assert stats is not None
+        topic = ""
+        count = nbytes = 0
+        for (_conn, _req, msg, _sub), result in zip(pending, results, strict=True):
+            if not result.ok:
+                continue
+            if msg.topic != topic:
+                if count:
+                    stats.put(topic, count, nbytes)
+                topic, count, nbytes = msg.topic, 0, 0
+            count += 1
+            nbytes += result.size
+        if count:
+            stats.put(topic, count, nbytes)
 
     def _answer_stored(self, stored: list[_Stored], code: int, remark: str) -> None:
         """Answer the stored sends of one group with `code` (the durability's verdict)."""

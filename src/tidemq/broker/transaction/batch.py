@@ -55,13 +55,19 @@ decided (a replay after `fileReservedTime` decides anew).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from tidemq.broker.transaction import half as hm
+from tidemq.broker.transaction.batch_finish import BatchDecision, BatchFinisher, FinishTally
+from tidemq.broker.transaction.batch_index import (
+    BATCH_RECORDS_PER_SINK_MAX,
+    BATCH_SINKS_MAX,
+    BatchIndex,
+    BatchState,
+)
 from tidemq.broker.transaction.batch_record import (
     BATCH_QUEUE_ID,
     BATCH_TOPIC,
@@ -114,124 +120,11 @@ __all__ = [  # the record types live in batch_record.py; callers import them fro
     "spark_txn_of",
 ]
 
-# Batch records remembered per sink: a query only ever replays its last batch, so a few suffice.
-BATCH_RECORDS_PER_SINK_MAX: Final = 16
-# Sinks remembered (LRU); each holds at most BATCH_RECORDS_PER_SINK_MAX records.
-BATCH_SINKS_MAX: Final = 1_024
 # Records read back from disk for a sink not in memory (evicted, or not seen since the start):
 # its newest ones, enough for its last BATCH_RECORDS_PER_SINK_MAX batches (a decide and a
 # publish each, plus rollbacks).
 BATCH_RECORDS_RELOAD_MAX: Final = 4 * BATCH_RECORDS_PER_SINK_MAX
 _FOREVER_MS: Final = 2**62
-
-
-@dataclass(slots=True)
-class BatchState:
-    """What the records say about one batch."""
-
-    committed: frozenset[str] | None = None  # the COMMIT decision's txns (decided or published)
-    holders: Holders = ()  # the brokers holding halves of the decision
-    published: bool = False  # the decision was published here (its halves resolved)
-    rolled_back: set[str] = field(default_factory=set)
-    closed: bool = False  # a final ROLLBACK was recorded: every half of it rolls back
-
-
-@dataclass(slots=True)
-class _SinkHistory:
-    batches: collections.OrderedDict[int, BatchState] = field(
-        default_factory=collections.OrderedDict
-    )
-    batch_max: int = -1
-
-
-class BatchIndex:
-    """Batch records (bounded, see the module docstring) and the pending tagged halves."""
-
-    def __init__(
-        self,
-        *,
-        records_per_sink_max: int = BATCH_RECORDS_PER_SINK_MAX,
-        sinks_max: int = BATCH_SINKS_MAX,
-    ) -> None:
-        assert records_per_sink_max > 0
-        assert sinks_max > 0
-        self.records_per_sink_max = records_per_sink_max
-        self.sinks_max = sinks_max
-        self._sinks: collections.OrderedDict[str, _SinkHistory] = collections.OrderedDict()
-        self._pending: dict[tuple[str, int], dict[int, str]] = {}
-        self._batch_of: dict[int, tuple[str, int]] = {}
-
-    @property
-    def sinks(self) -> int:
-        return len(self._sinks)
-
-    @property
-    def pending_count(self) -> int:
-        return len(self._batch_of)
-
-    def apply(self, record: BatchRecord) -> None:
-        history = self._sinks.get(record.sink_id)
-        if history is None:
-            history = self._sinks[record.sink_id] = _SinkHistory()
-            while len(self._sinks) > self.sinks_max:
-                self._sinks.popitem(last=False)
-        self._sinks.move_to_end(record.sink_id)
-        history.batch_max = max(history.batch_max, record.batch_id)
-        state = history.batches.setdefault(record.batch_id, BatchState())
-        if record.outcome is BatchOutcome.COMMIT:
-            state.committed = record.txns
-            state.holders = record.holders
-            state.published = record.published
-        else:
-            state.rolled_back |= record.txns
-            state.closed = state.closed or record.final
-        while len(history.batches) > self.records_per_sink_max:
-            history.batches.popitem(last=False)
-
-    def knows(self, sink_id: str) -> bool:
-        """Whether the sink's records are in memory (its newest ones: see `restore`)."""
-        return sink_id in self._sinks
-
-    def restore(self, sink_id: str, records: list[BatchRecord]) -> None:
-        """Remember a sink read back from disk: its `records`, oldest first (none: a sink
-        without records, so that it is not looked up again while it stays remembered)."""
-        if sink_id not in self._sinks:
-            self._sinks[sink_id] = _SinkHistory()
-            while len(self._sinks) > self.sinks_max:
-                self._sinks.popitem(last=False)
-        for record in records:
-            self.apply(record)
-
-    def state(self, sink_id: str, batch_id: int) -> BatchState | None:
-        history = self._sinks.get(sink_id)
-        return None if history is None else history.batches.get(batch_id)
-
-    def batch_max(self, sink_id: str) -> int:
-        """The highest batch id recorded for the sink (-1 when none is remembered)."""
-        history = self._sinks.get(sink_id)
-        return -1 if history is None else history.batch_max
-
-    def track(self, origin: int, tag: SparkTxn) -> None:
-        key = (tag.sink_id, tag.batch_id)
-        self._pending.setdefault(key, {})[origin] = tag.txn
-        self._batch_of[origin] = key
-
-    def forget(self, origin: int) -> None:
-        key = self._batch_of.pop(origin, None)
-        if key is None:
-            return
-        pending = self._pending.get(key)
-        if pending is not None:
-            pending.pop(origin, None)
-            if not pending:
-                del self._pending[key]
-
-    def pending(self, sink_id: str, batch_id: int) -> dict[int, str]:
-        """origin → txn of the batch's halves not known to be resolved (a copy)."""
-        return dict(self._pending.get((sink_id, batch_id), {}))
-
-    def pending_batches(self) -> list[tuple[str, int]]:
-        return list(self._pending)
 
 
 class BatchRefused(Exception):
@@ -270,6 +163,7 @@ class SinkBatchResolver:
         self._clock = clock
         self.orphan_timeout_ms = orphan_timeout_ms
         self.index = index if index is not None else BatchIndex()
+        self._finisher = BatchFinisher(resolver, self.index.forget)
         self.store_host: tuple[str, int] = ("127.0.0.1", 0)
 
     def set_store_host(self, store_host: tuple[str, int]) -> None:
@@ -335,11 +229,55 @@ class SinkBatchResolver:
         replace: bool = False,
     ) -> BatchEndResult:
         """Record the decision (unless it repeats one), then, for PUBLISH and ROLLBACK, resolve
-        the batch's pending halves. `final` (ROLLBACK only) closes the batch for good; `replace`
+        the batch's pending halves, all in this call (tests; the handler awaits
+        `end_batch_async`). `final` (ROLLBACK only) closes the batch for good; `replace`
         (DECIDE only) swaps an unpublished decision with other txns.
 
         Raises BatchRefused when the decision contradicts the records.
         """
+        recorded = self._record(sink_id, batch_id, outcome, txns, final, phase, holders, replace)
+        if recorded.failure is not None:
+            return recorded
+        return self._merge(recorded, self._finish(sink_id, batch_id))
+
+    async def end_batch_async(
+        self,
+        sink_id: str,
+        batch_id: int,
+        outcome: BatchOutcome,
+        txns: frozenset[str],
+        *,
+        final: bool = False,
+        phase: BatchPhase = BatchPhase.PUBLISH,
+        holders: Holders = (),
+        replace: bool = False,
+    ) -> BatchEndResult:
+        """`end_batch`, resolving the halves in chunks that let the loop run between them, one
+        run per batch at a time (batch_finish.py): the record is stored, and what it decides
+        read, in the calling turn, before any await."""
+        recorded = self._record(sink_id, batch_id, outcome, txns, final, phase, holders, replace)
+        if recorded.failure is not None:
+            return recorded
+        tally = await self._finisher.finish_shared(
+            (sink_id, batch_id),
+            lambda: self.index.pending(sink_id, batch_id),
+            self._snapshot(sink_id, batch_id),
+        )
+        return self._merge(recorded, self._tally_result(tally))
+
+    def _record(
+        self,
+        sink_id: str,
+        batch_id: int,
+        outcome: BatchOutcome,
+        txns: frozenset[str],
+        final: bool,
+        phase: BatchPhase,
+        holders: Holders,
+        replace: bool,
+    ) -> BatchEndResult:
+        """Store the decision's record unless it repeats one: the result's durable_end covers
+        it (a repeat: the log end, which covers the record it repeats, durable or not)."""
         assert not final or outcome is BatchOutcome.ROLLBACK
         assert phase is not BatchPhase.LOOKUP
         self._remember(sink_id)
@@ -351,20 +289,25 @@ class SinkBatchResolver:
             record = self._decide_record(state, sink_id, batch_id, txns, holders, replace, what)
         else:
             record = self._publish_record(state, sink_id, batch_id, txns, holders, what)
-        if record is None:  # a repeat: the log end covers the record it repeats, durable or not
-            result = self._finish(sink_id, batch_id)
+        if record is None:
             repeat = outcome is BatchOutcome.COMMIT and phase is BatchPhase.PUBLISH
-            end = self.store.max_physical_offset
-            return dataclasses.replace(result, already_committed=repeat, durable_end=end)
+            return BatchEndResult(
+                already_committed=repeat, durable_end=self.store.max_physical_offset
+            )
         put = self.store.put_message(
             batch_record_message(record, store_host=self.store_host, now_ms=self._clock.now_ms())
         )
         if not put.ok:
             return BatchEndResult(failure=put)
         self.index.apply(record)
-        result = self._finish(sink_id, batch_id)
+        return BatchEndResult(durable_end=put.physical_offset + put.size)
+
+    @staticmethod
+    def _merge(recorded: BatchEndResult, finished: BatchEndResult) -> BatchEndResult:
         return dataclasses.replace(
-            result, durable_end=max(result.durable_end, put.physical_offset + put.size)
+            finished,
+            already_committed=recorded.already_committed,
+            durable_end=max(recorded.durable_end, finished.durable_end),
         )
 
     @staticmethod
@@ -454,43 +397,37 @@ class SinkBatchResolver:
         return BatchRecord(sink_id, batch_id, BatchOutcome.ROLLBACK, targets, final)
 
     def _finish(self, sink_id: str, batch_id: int) -> BatchEndResult:
-        """Resolve the pending halves of a recorded batch as its records say."""
-        committed = rolled_back = durable_end = 0
-        for origin, txn in self.index.pending(sink_id, batch_id).items():
-            tx_input = self._decision(sink_id, batch_id, txn)
-            if tx_input is None:
-                continue
-            entry = self._resolver.ledger.pending(origin)
-            half = None if entry is None else self._resolver.load_half(entry.physical_offset)
-            if half is None:
-                self.index.forget(origin)
-                continue
-            outcome = self._resolve(half, tx_input)
-            if outcome is None:
-                continue
-            if outcome.failure is not None:
-                return BatchEndResult(failure=outcome.failure)
-            if tx_input is TxInput.COMMIT:
-                committed += 1
-            else:
-                rolled_back += 1
-            if outcome.stored is not None:
-                durable_end = max(durable_end, outcome.stored.physical_offset + outcome.stored.size)
-        return BatchEndResult(committed=committed, rolled_back=rolled_back, durable_end=durable_end)
+        """Resolve the pending halves of a recorded batch as its records say, all at once."""
+        decision = self._snapshot(sink_id, batch_id)
+        if decision.decides_nothing:
+            return BatchEndResult()
+        tally = self._finisher.finish(self.index.pending(sink_id, batch_id), decision.decide)
+        return self._tally_result(tally)
+
+    def _snapshot(self, sink_id: str, batch_id: int) -> BatchDecision:
+        """What the records decide for the batch's halves now, kept for a whole finish."""
+        self._remember(sink_id)
+        state = self.index.state(sink_id, batch_id)
+        return BatchDecision.of(state, self.index.batch_max(sink_id) > batch_id)
+
+    @staticmethod
+    def _tally_result(tally: FinishTally) -> BatchEndResult:
+        if tally.failure is not None:
+            return BatchEndResult(failure=tally.failure)
+        return BatchEndResult(
+            committed=tally.committed,
+            rolled_back=tally.rolled_back,
+            durable_end=tally.durable_end,
+        )
 
     def _decision(self, sink_id: str, batch_id: int, txn: str) -> TxInput | None:
         """COMMIT, ROLLBACK or None (leave pending) for one half, from the records alone (the
         orphan timeout is decide_orphan's: `_timed_out`)."""
         self._remember(sink_id)
         state = self.index.state(sink_id, batch_id)
-        if state is not None and state.committed is not None and state.published:
-            return TxInput.COMMIT if txn in state.committed else TxInput.ROLLBACK
-        if state is not None and (state.closed or txn in state.rolled_back):
-            return TxInput.ROLLBACK
-        if self.index.batch_max(sink_id) > batch_id:
-            return TxInput.ROLLBACK
-        # Decided, not yet published here (a replay may still publish it), or not recorded.
-        return None
+        superseded = self.index.batch_max(sink_id) > batch_id
+        # None: decided, not yet published here (a replay may still publish it), or not recorded.
+        return BatchDecision.of(state, superseded, copy=False).decide(txn)
 
     def _resolve(self, half: rec.StoredMessage, tx_input: TxInput) -> EndResult | None:
         """The resolver's result (a store refusal in `failure` keeps the half indexed, to be
