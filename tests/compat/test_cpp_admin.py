@@ -20,6 +20,7 @@ import pytest
 
 from tidemq import Admin
 from tidemq.protocol.bodies_admin import ConsumerRunningInfo
+from tidemq.testing import eventually_async
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(300)]
 
@@ -38,6 +39,14 @@ async def running_info_and_reset(
         (connection,) = connections.connection_set
         assert connection.language == "CPP"
         info = await admin.consumer_running_info(group, connection.client_id)
+
+        async def committed() -> bool:
+            stats = await admin.consume_stats(group, topic)
+            return any(o.consumer_offset > 0 for o in stats.offset_table.values())
+
+        # A reset needs the group to have committed (as upstream: "consumer group not exist"
+        # otherwise); the C++ client commits every 5 s.
+        await eventually_async(committed, 30.0, what=f"{group} committed an offset")
         await admin.reset_offset_by_timestamp(group, topic, 0)
         return connection.client_id, info
 

@@ -57,7 +57,7 @@ from tidemq.protocol.codes import ResponseCode
 from tidemq.protocol.frame import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand, encode_parts
 from tidemq.remoting.address import socket_address
 from tidemq.remoting.eager import resume
-from tidemq.remoting.handlers import HandlerTable, RequestHook, ResponseWaiter
+from tidemq.remoting.handlers import HandlerTable, RequestHook, ResponseWaiter, RpcLatency
 from tidemq.remoting.inbound import (
     FrameBudget,
     InboundFrames,
@@ -72,8 +72,6 @@ from tidemq.security.tls import subject_text
 __all__ = ["IN_FLIGHT_BYTES_MAX", "IN_FLIGHT_MAX", "TURN_BUDGET", "Connection", "Signer"]
 
 logger = logging.getLogger(__name__)
-# The code RpcLatency records for `respond_frame` (its callers encode success answers).
-_SUCCESS: Final = int(ResponseCode.SUCCESS)
 
 # Requests one connection may have running at once; a client needs far fewer (held pulls are one
 # per queue), so reaching this means a runaway peer. Beyond it: SYSTEM_BUSY.
@@ -261,14 +259,22 @@ class Connection(FlowControl):
         if self._paused:
             await self._drain()
 
-    def defer(self, request: RemotingCommand) -> None:
+    @property
+    def rpc_observer(self) -> RpcLatency | None:
+        """What times the requests this connection serves (None: nothing is timed)."""
+        return self._handlers.observer
+
+    def defer(self, request: RemotingCommand, *, timed: bool = True) -> None:
         """Called by a handler that returns None and answers `request` later with `respond`:
-        the request stays counted in flight (and its body in the in-flight bytes) until then."""
+        the request stays counted in flight (and its body in the in-flight bytes) until then.
+        `timed=False`: the caller records its latency itself (`rpc_observer.record_many`), as
+        the broker's send coalescer does for a whole group at once."""
         self._in_flight += 1
         self._in_flight_bytes += len(request.body)
-        observer = self._handlers.observer
-        if observer is not None:
-            observer.begin(request)
+        if timed:
+            observer = self._handlers.observer
+            if observer is not None:
+                observer.begin(request)
 
     def respond(self, request: RemotingCommand, response: RemotingCommand) -> None:
         """Answer a deferred `request` now, without awaiting: the frame leaves with this loop
@@ -288,9 +294,7 @@ class Connection(FlowControl):
         self._in_flight -= 1
         # _release_bytes, inlined: every coalesced send is answered here.
         self._in_flight_bytes -= len(request.body)
-        observer = self._handlers.observer
-        if observer is not None:
-            observer.end(request, _SUCCESS)  # frames are encoded from the success template
+        # Not timed here: its caller, the send coalescer, records its whole group at once.
         if self._backlog:
             self._schedule_drain()
         if request.flag & FLAG_ONEWAY or self._closed or self._transport is None:

@@ -92,6 +92,18 @@ class RpcLatency:
         counts[0 if elapsed_ns <= _FIRST_BOUND_NS else bisect_left(_BOUNDS_NS, elapsed_ns)] += 1
         counts[-1] += elapsed_ns
 
+    def record_many(
+        self, request_code: int, response_code: int, elapsed_ns: int, count: int
+    ) -> None:
+        """`count` requests of one code that took `elapsed_ns` each: a group answered together
+        (the broker's coalesced sends, timed from the group's first request)."""
+        key = (request_code, response_code)
+        counts = self.buckets.get(key)
+        if counts is None:
+            counts = self.buckets[key] = [0] * (len(_BOUNDS_NS) + 2)
+        counts[0 if elapsed_ns <= _FIRST_BOUND_NS else bisect_left(_BOUNDS_NS, elapsed_ns)] += count
+        counts[-1] += elapsed_ns * count
+
     def begin(self, request: RemotingCommand) -> None:
         """`request` is deferred: its time runs until `end`. Keyed by identity: the request
         object lives until it is answered."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Final, NamedTuple
 
 from tidemq.broker.durability import Durability
@@ -88,7 +89,15 @@ def store_refusal(topic: str, result: PutResult) -> tuple[int, str]:
 class SendCoalescer:
     """Collects the plain single sends of a loop turn; stores and answers them together."""
 
-    __slots__ = ("_address", "_durability", "_pending", "_scheduled", "_stats", "_store")
+    __slots__ = (
+        "_address",
+        "_durability",
+        "_pending",
+        "_scheduled",
+        "_started_ns",
+        "_stats",
+        "_store",
+    )
 
     def __init__(
         self,
@@ -103,6 +112,8 @@ class SendCoalescer:
         self._address = address
         self._pending: list[_Pending] = []
         self._scheduled = False
+        # When the group being collected began: its sends' RPC latency is timed from there.
+        self._started_ns = 0
 
     def add(
         self,
@@ -113,7 +124,9 @@ class SendCoalescer:
     ) -> None:
         """Store `msg` with the other sends of this loop turn and answer `request` then (the
         handler returns None). `substitute`: `msg` stands for what `request` sent."""
-        connection.defer(request)
+        connection.defer(request, timed=False)  # timed as a group: _record, _respond
+        if not self._pending:
+            self._started_ns = perf_counter_ns()
         self._pending.append((connection, request, msg, substitute))
         if not self._scheduled:
             self._scheduled = True
@@ -129,6 +142,7 @@ class SendCoalescer:
         pending, self._pending = self._pending, []
         if not pending:
             return
+        started = self._started_ns
         address = self._address
         try:
             results = self._store.put_each([message for _conn, _req, message, _sub in pending])
@@ -140,9 +154,9 @@ class SendCoalescer:
             remark = str(exc) or type(exc).__name__
             for connection, request, *_ in pending:
                 response = request.response(ResponseCode.SYSTEM_ERROR, remark=remark)
-                connection.respond(request, response)
+                _respond(connection, request, response, started)
             return
-        stored = self._answer_refused(pending, results, msg_ids)
+        stored = self._answer_refused(pending, results, msg_ids, started)
         if self._stats is not None and ok:
             self._count(pending, results)
         if not stored:
@@ -151,12 +165,12 @@ class SendCoalescer:
         if durability.waits:
             answer = self._answer_stored
             end = max(r.physical_offset + r.size for r in ok)
-            durability.on_durable(end, lambda code, remark: answer(stored, code, remark))
+            durability.on_durable(end, lambda code, remark: answer(stored, code, remark, started))
         else:
-            self._answer_stored(stored, _SUCCESS, "")
+            self._answer_stored(stored, _SUCCESS, "", started)
 
     def _answer_refused(
-        self, pending: list[_Pending], results: list[PutResult], msg_ids: list[str]
+        self, pending: list[_Pending], results: list[PutResult], msg_ids: list[str], started: int
     ) -> list[_Stored]:
         """Answer the sends the store refused; the others' response fields, in order."""
         stored: list[_Stored] = []
@@ -165,7 +179,7 @@ class SendCoalescer:
             if not result.ok:
                 topic = msg.topic if substitute is None else substitute.topic
                 code, remark = store_refusal(topic, result)
-                connection.respond(request, refuse(connection, request, code, remark))
+                _respond(connection, request, refuse(connection, request, code, remark), started)
                 continue
             msg_id = msg_ids[n]
             n += 1
@@ -177,9 +191,8 @@ class SendCoalescer:
                     # A callback boundary, as put_pending's: this send is answered, not the rest.
                     log.exception("after storing a send to %s", substitute.topic)
                     remark = str(exc) or type(exc).__name__
-                    connection.respond(
-                        request, request.response(ResponseCode.SYSTEM_ERROR, remark=remark)
-                    )
+                    response = request.response(ResponseCode.SYSTEM_ERROR, remark=remark)
+                    _respond(connection, request, response, started)
                     continue
                 queue_id = substitute.queue_id
             stored.append((connection, request, msg_id, queue_id, result.queue_offset))
@@ -203,8 +216,9 @@ class SendCoalescer:
         if count:
             stats.put(topic, count, nbytes)
 
-    def _answer_stored(self, stored: list[_Stored], code: int, remark: str) -> None:
+    def _answer_stored(self, stored: list[_Stored], code: int, remark: str, started: int) -> None:
         """Answer the stored sends of one group with `code` (the durability's verdict)."""
+        _record(stored, code, started)
         if code == _SUCCESS:
             json = SerializeType.JSON
             for connection, request, msg_id, queue_id, queue_offset in stored:
@@ -219,3 +233,32 @@ class SendCoalescer:
             fields = send_response_fields(msg_id, queue_id, queue_offset)
             response = request.response(code, fields, remark=remark)
             connection.respond(request, response)
+
+
+def _respond(
+    connection: Connection, request: RemotingCommand, response: RemotingCommand, started: int
+) -> None:
+    """Answer one send of a group and time it from the group's start (the sends are deferred
+    untimed: Connection.defer(timed=False))."""
+    connection.respond(request, response)
+    observer = connection.rpc_observer
+    if observer is not None:
+        observer.record(request.code, response.code, perf_counter_ns() - started)
+
+
+def _record(stored: list[_Stored], response_code: int, started: int) -> None:
+    """Time the stored sends of a group as one: each from the group's first send to now (a
+    later send of the same turn is over-stated by at most that turn's length), one
+    `record_many` per run of one request code instead of a clock read and an entry per send."""
+    observer = stored[0][0].rpc_observer if stored else None
+    if observer is None:
+        return
+    elapsed = perf_counter_ns() - started
+    code = stored[0][1].code
+    count = 0
+    for _connection, request, *_fields in stored:
+        if request.code != code:
+            observer.record_many(code, response_code, elapsed, count)
+            code, count = request.code, 0
+        count += 1
+    observer.record_many(code, response_code, elapsed, count)
