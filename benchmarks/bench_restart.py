@@ -194,6 +194,15 @@ def median_of(runs: list[dict[str, float]], key: str) -> tuple[float, float, flo
     return statistics.median(values), min(values), max(values)
 
 
+def _settled_mib(broker: list[dict[str, float]], key: str) -> str:
+    """The settled figure, or why there is none: a broker that was gone when it was read (its
+    /proc entry missing) leaves no value, and the report says so instead of failing."""
+    runs = [run for run in broker if f"{key} settled" in run]
+    if not runs:
+        return "n/a (broker gone)"
+    return mib(median_of(runs, f"{key} settled")[0])
+
+
 def repeat(times: int, measure: Callable[[], dict[str, float]]) -> list[dict[str, float]]:
     return [measure() for _ in range(times)]
 
@@ -225,9 +234,7 @@ def report_case(
     )
     print(
         f"broker RSS MiB {SETTLE_S:.0f} s later VmRSS/RssAnon/RssFile: "
-        + "/".join(
-            mib(median_of(broker, f"{k} settled")[0]) for k in ("VmRSS", "RssAnon", "RssFile")
-        )
+        + "/".join(_settled_mib(broker, k) for k in ("VmRSS", "RssAnon", "RssFile"))
     )
     if not inproc:
         return
