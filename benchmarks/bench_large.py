@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+# No tidemq import at the top: the worker runs under a variant's tree (sidebyside imports none).
+from sidebyside.servers import cpu_seconds, tidemq
 
 HERE = Path(__file__).resolve().parent
 # 1 KiB first: the 1 MiB cases leave the page cache a gigabyte to write back.
@@ -42,47 +42,11 @@ SIZES = {"1k": 1024, "16k": 16 * 1024, "1m": 1024 * 1024}
 WINDOWS = {"1k": 256, "16k": 64, "1m": 16}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def body_of(kind: str, size: int) -> bytes:
     if kind == "random":
         return os.urandom(size)
     row = b'{"id": 12345, "name": "user12345", "score": 43210.5, "tags": ["a", "b"]}, '
     return (row * (size // len(row) + 1))[:size]
-
-
-@contextlib.contextmanager
-def dev_server(data_dir: Path, flush: str) -> Iterator[tuple[str, int]]:
-    namesrv_port, broker_port = _free_port(), _free_port()
-    argv = [sys.executable, "-m", "tidemq.cli.main", "--log-level", "WARNING", "dev"]
-    argv += ["--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port)]
-    argv += ["--data-dir", str(data_dir), "--set", f"flushDiskType={flush}"]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    try:
-        for port in (namesrv_port, broker_port):
-            while True:
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", port), 0.2),
-                ):
-                    break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"tidemq dev did not start: {process.stderr.read()!r}")  # type: ignore[union-attr]
-                time.sleep(0.05)
-        yield f"127.0.0.1:{namesrv_port}", process.pid
-    finally:
-        process.terminate()
-        process.wait(20)
 
 
 async def _pipelined(
@@ -110,10 +74,10 @@ async def _pipelined(
             return count
 
         await run(time.monotonic() + min(1.0, seconds / 4))  # warm-up
-        cpu0, broker0, t0 = time.process_time(), _cpu_s(broker_pid), time.monotonic()
+        cpu0, broker0, t0 = time.process_time(), cpu_seconds(broker_pid), time.monotonic()
         count = await run(t0 + seconds)
         elapsed = time.monotonic() - t0
-        cpu, broker = time.process_time() - cpu0, _cpu_s(broker_pid) - broker0
+        cpu, broker = time.process_time() - cpu0, cpu_seconds(broker_pid) - broker0
     mib = count * size / 2**20
     return {
         "rate": count / elapsed,
@@ -134,12 +98,12 @@ def worker(cases: list[str], kind: str, seconds: float) -> None:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tidemq-large-") as tmp:
         for flush in sorted({case.split(":")[1] for case in cases}):
-            with dev_server(Path(tmp) / flush, flush) as (namesrv, pid):
+            with tidemq(Path(tmp), flush) as server:
                 for case in cases:
                     name, case_flush = case.split(":")
                     if case_flush == flush:
                         results[case] = asyncio.run(
-                            _pipelined(namesrv, pid, SIZES[name], kind, seconds)
+                            _pipelined(server.address, server.pid, SIZES[name], kind, seconds)
                         )
     print(json.dumps(results))
 

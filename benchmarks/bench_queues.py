@@ -38,6 +38,8 @@ from sidebyside.servers import rss_bytes
 
 from tidemq.client.message import Message, SendStatus
 from tidemq.client.producer import Producer
+from tidemq.store.queue_manifest import QUEUE_MANIFEST_NAME
+from tidemq.testing import eventually
 from tidemq.testing.processes import ServerProcess, process_cluster
 
 TARGET_DISK_BYTES: Final = 200 * 1000 * 1000
@@ -49,8 +51,10 @@ SETTINGS: Final = {
     "mappedFileSizeConsumeQueue": str(300_000 * 20),
     "autoCreateTopicEnable": "true",
 }
-# Time for the broker's periodic flush (and the manifest written with it) after the last send.
-SETTLE_S: Final = 3.0
+TOPIC_PREFIX: Final = "BenchQ"
+# Most time for the broker's periodic flush to name every new queue in the queue manifest after
+# the last send (the flush writes it once the queues are synced and their pages released).
+FLUSHED_TIMEOUT_S: Final = 60.0
 
 
 def du_bytes(path: Path, *, skip: str | None = None) -> int:
@@ -63,6 +67,15 @@ def du_bytes(path: Path, *, skip: str | None = None) -> int:
         for name in files:
             total += os.lstat(os.path.join(directory, name)).st_blocks * 512
     return total
+
+
+def queues_named(store: Path) -> int:
+    """The benchmark's queues the store's manifest names: all of them once a flush has run."""
+    try:
+        text = (store / "consumequeue" / QUEUE_MANIFEST_NAME).read_text()
+    except FileNotFoundError:
+        return 0
+    return sum(line.startswith(TOPIC_PREFIX) for line in text.splitlines())
 
 
 def process_figures(pid: int) -> dict[str, int]:
@@ -78,7 +91,7 @@ async def create_topics(namesrv: str, topics: int, in_flight: int, body: bytes) 
     producer = Producer("bench_queues", namesrv, retry_times=2)
     await producer.start()
     try:
-        names = iter(f"BenchQ{n:05d}" for n in range(topics))
+        names = iter(f"{TOPIC_PREFIX}{n:05d}" for n in range(topics))
         failed: list[str] = []
 
         async def worker() -> None:
@@ -119,7 +132,9 @@ async def run(root: Path, topics: int, in_flight: int, body_bytes: int) -> None:
         base = process_figures(broker.pid)
         base_du = du_bytes(store)
         created_s = await create_topics(cluster.namesrv_addr, topics, in_flight, b"x" * body_bytes)
-        await asyncio.sleep(SETTLE_S)
+        await eventually(
+            lambda: queues_named(store) >= topics, FLUSHED_TIMEOUT_S, what="a flush of every queue"
+        )
         after = process_figures(broker.pid)
         disk = du_bytes(store)
         disk_no_log = du_bytes(store, skip="commitlog")

@@ -51,6 +51,7 @@ BATCH: Final = 256  # messages per put_messages call while filling
 FLUSH_EVERY_BYTES: Final = 256 * 1024 * 1024  # keep the dirty page cache bounded while filling
 START_TIMEOUT_S: Final = 600.0  # a restart slower than this is a failure, not a figure
 SETTLE_S: Final = 2.0  # a few flush passes (500 ms each): flushed pages are released by then
+LOG_TAIL_CHARS: Final = 1_500  # of a failed broker's log in the error (the test shows 2,000)
 
 
 def store_config(root: Path, segment_bytes: int) -> StoreConfig:
@@ -127,14 +128,15 @@ def broker_restart(root: Path, segment_bytes: int, src: Path | None) -> dict[str
         "brokerIP1=127.0.0.1",
     ]
     started = time.perf_counter()
-    with (root.parent / f"{root.name}-broker.log").open("ab") as log:
+    log_path = root.parent / f"{root.name}-broker.log"
+    with log_path.open("ab") as log:
         process = subprocess.Popen(
             args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
     try:
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"broker exited with {process.returncode}")
+                raise RuntimeError(f"broker exited with {process.returncode}{_tail(log_path)}")
             if time.perf_counter() - started > START_TIMEOUT_S:
                 raise RuntimeError("broker did not start in time")
             try:
@@ -146,6 +148,14 @@ def broker_restart(root: Path, segment_bytes: int, src: Path | None) -> dict[str
         at_start = rss_bytes(process.pid)
         time.sleep(SETTLE_S)
         settled = rss_bytes(process.pid)
+        # A broker gone by now (an exited one's /proc status has no VmRSS) crashed after its
+        # port accepted, or never bound it (another process took the port after free_port()
+        # and answered): a failure to show, not a figure.
+        if process.poll() is not None or not settled:
+            raise RuntimeError(
+                f"broker exited with {process.returncode} within {SETTLE_S:.0f} s of its port"
+                f" accepting{_tail(log_path)}"
+            )
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -158,6 +168,15 @@ def broker_restart(root: Path, segment_bytes: int, src: Path | None) -> dict[str
         **{f"{k} at start": v for k, v in at_start.items()},
         **{f"{k} settled": v for k, v in settled.items()},
     }
+
+
+def _tail(log_path: Path) -> str:
+    """The end of a broker's log, for an error (the log goes when the run's files are removed)."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return f"; its log ends:\n{text[-LOG_TAIL_CHARS:]}"
 
 
 def store_start(root: Path, segment_bytes: int) -> dict[str, float]:
@@ -194,15 +213,6 @@ def median_of(runs: list[dict[str, float]], key: str) -> tuple[float, float, flo
     return statistics.median(values), min(values), max(values)
 
 
-def _settled_mib(broker: list[dict[str, float]], key: str) -> str:
-    """The settled figure, or why there is none: a broker that was gone when it was read (its
-    /proc entry missing) leaves no value, and the report says so instead of failing."""
-    runs = [run for run in broker if f"{key} settled" in run]
-    if not runs:
-        return "n/a (broker gone)"
-    return mib(median_of(runs, f"{key} settled")[0])
-
-
 def repeat(times: int, measure: Callable[[], dict[str, float]]) -> list[dict[str, float]]:
     return [measure() for _ in range(times)]
 
@@ -234,7 +244,9 @@ def report_case(
     )
     print(
         f"broker RSS MiB {SETTLE_S:.0f} s later VmRSS/RssAnon/RssFile: "
-        + "/".join(_settled_mib(broker, k) for k in ("VmRSS", "RssAnon", "RssFile"))
+        + "/".join(
+            mib(median_of(broker, f"{k} settled")[0]) for k in ("VmRSS", "RssAnon", "RssFile")
+        )
     )
     if not inproc:
         return

@@ -137,8 +137,9 @@ class LagProbe:
             )
             start = time.perf_counter()
             self._sock.sendall(encode(request))
-            while not decoder.feed(self._sock.recv(65536)):
-                pass
+            while not decoder.feed(data := self._sock.recv(65536)):
+                if not data:  # the broker closed the connection: no answer will come
+                    raise ConnectionError("the broker closed the lag probe's connection")
             self.samples_ms.append((time.perf_counter() - start) * 1000)
 
     def __enter__(self) -> LagProbe:

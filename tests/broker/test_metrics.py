@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tidemq.broker.app import BrokerApp
 from tidemq.broker.config import ConfigError
 from tidemq.broker.config_file import load_broker_config
+from tidemq.broker.stats import TOPIC_PUT_NUMS
 from tidemq.cli.main import build_parser
 from tidemq.cli.servers import broker_port_hints, dev_overrides, listen_error_line
 from tidemq.clock import SystemClock
@@ -24,6 +25,7 @@ from tidemq.protocol.headers import EndTransactionRequestHeader, PullSysFlag
 from tidemq.protocol.headers_query import ConsumerSendMsgBackRequestHeader
 from tidemq.protocol.message import SysFlag
 from tidemq.remoting.acceptor import ListenError
+from tidemq.testing import eventually
 
 PROM = {"metricsExporterType": "PROM", "metricsPromExporterPort": "0"}
 BASE = {"cluster": "DefaultCluster", "node_type": "broker"}
@@ -163,8 +165,7 @@ async def test_loop_lag_is_measured(tmp_path: Path) -> None:
         started = asyncio.get_running_loop().time()
         while asyncio.get_running_loop().time() - started < 0.25:
             pass
-        await asyncio.sleep(0.1)
-        assert monitor.over_warn > before
+        await eventually(lambda: monitor.over_warn > before, what="a probe over 100 ms late")
         _, text = await scrape(broker)
         assert value(parse(text), "tidemq_event_loop_lag_seconds", quantile="1.0") >= 0.15
 
@@ -180,6 +181,16 @@ async def test_metrics_off_by_default(tmp_path: Path) -> None:
     async with running_broker(tmp_path / "store") as broker:
         assert broker.app.metrics.server is None
         assert broker.app.server.handlers.observer is None
+
+
+async def test_stats_are_sampled_with_metrics_off(tmp_path: Path) -> None:
+    """VIEW_BROKER_STATS_DATA and runtime info read BrokerStats' windows with or without PROM."""
+    async with running_broker(tmp_path / "store") as broker:
+        assert (await broker.send("T", b"x")).code == ResponseCode.SUCCESS
+        [sampler] = [s for s in broker.app._periodic if s.name == "stats-sample"]
+        sampler.trigger()
+        stats = broker.app.stats
+        await eventually(lambda: stats.window(TOPIC_PUT_NUMS, "T").minute.sum == 1)
 
 
 def test_dev_metrics_port_turns_the_exporters_on(tmp_path: Path) -> None:

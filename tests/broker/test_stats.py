@@ -79,3 +79,16 @@ def test_minute_window_from_samples() -> None:
     assert stats.window(TOPIC_PUT_NUMS, "nope").minute.sum == 0
     with pytest.raises(KeyError):
         stats.window("NO_SUCH_STATS", "T")
+
+
+def test_last_interval_rate() -> None:
+    now = FakeNow()
+    stats = BrokerStats("C", now)
+    assert stats.last_interval_tps(TOPIC_PUT_NUMS, "T") == 0.0  # never sampled
+    stats.put("T", 10, 1000)
+    stats.sample()
+    now.ms += SAMPLE_INTERVAL_MS
+    stats.put("T", 30, 3000)
+    stats.sample()
+    # 30 between the two latest samples, 10 s apart (the first tick's 10 is older)
+    assert stats.last_interval_tps(TOPIC_PUT_NUMS, "T") == pytest.approx(3.0)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_broker_topics import _table
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.handlers.common import BrokerAddress
@@ -26,7 +27,6 @@ from tidemq.broker.registration import (
     RegistrationService,
 )
 from tidemq.broker.topics import JOURNAL_FOLD_MIN, TopicTable
-from tidemq.clock import FakeClock
 from tidemq.protocol.bodies import TopicConfig
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
@@ -37,17 +37,6 @@ from tidemq.remoting.server import RemotingServer
 from tidemq.testing import eventually
 
 TOPICS = 5_000
-
-
-def _table(tmp_path: Path) -> TopicTable:
-    return TopicTable(
-        tmp_path,
-        FakeClock(),
-        cluster_name="DefaultCluster",
-        broker_name="broker-a",
-        auto_create_topic_enable=True,
-        default_topic_queue_nums=8,
-    )
 
 
 def _after_a_crash(tmp_path: Path) -> TopicTable:
@@ -204,5 +193,44 @@ async def test_registration_rounds_are_spaced_only_for_a_large_table(
         else:
             assert waited < 0.3 * ROUND_GAP_FACTOR / 2
     finally:
+        await client.close()
+        await namesrv.stop()
+
+
+async def test_a_topic_created_during_the_first_round_is_registered_after_start(
+    tmp_path: Path,
+) -> None:
+    """The broker awaits its first round before start(), its port already open: a topic created
+    meanwhile (an admin's, once a name server published the broker) is in the round start()
+    runs at once, not registerNameServerPeriod later."""
+    bodies: list[bytes] = []
+    release = asyncio.Event()
+
+    async def on_register(connection: Any, request: RemotingCommand) -> RemotingCommand:
+        bodies.append(request.body)
+        await release.wait()
+        return request.response(ResponseCode.SUCCESS)
+
+    handlers = HandlerTable()
+    handlers.register(RequestCode.REGISTER_BROKER, on_register)
+    namesrv = RemotingServer(handlers, "127.0.0.1", 0)
+    await namesrv.start()
+    client = RemotingClient()
+    table = _table(tmp_path)
+    config = BrokerConfig(namesrv_addrs=(f"127.0.0.1:{namesrv.port}",))
+    service = RegistrationService(config, BrokerAddress("127.0.0.1", 20911), table, client)
+    try:
+        first = asyncio.create_task(service.register_all())
+        await eventually(lambda: len(bodies) == 1, what="the first round's request")
+        table.ensure("CreatedMeanwhile", 1)
+        release.set()
+        await first
+        service.start()
+        await eventually(lambda: len(bodies) == 2, what="a round after start()")
+        assert b"CreatedMeanwhile" not in bodies[0]
+        assert b"CreatedMeanwhile" in bodies[1]
+    finally:
+        await service.stop()
+        await table.flush()
         await client.close()
         await namesrv.stop()

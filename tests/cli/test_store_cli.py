@@ -12,23 +12,25 @@ from tidemq.clock import SystemClock
 from tidemq.store import FileMessageStore, MessageToStore, StoreConfig, tools
 
 
+def _message(topic: str, body: bytes, properties: str = "") -> MessageToStore:
+    return MessageToStore(
+        topic=topic,
+        queue_id=0,
+        body=body,
+        flag=0,
+        properties=properties,
+        sys_flag=0,
+        born_timestamp=0,
+        born_host=("127.0.0.1", 1),
+        store_host=("127.0.0.1", 2),
+    )
+
+
 def _store_with_messages(root: Path, count: int) -> None:
     store = FileMessageStore(StoreConfig(root_dir=root, commit_log_file_size=4096), SystemClock())
     store.start()
     for index in range(count):
-        result = store.put_message(
-            MessageToStore(
-                topic="CliTopic",
-                queue_id=0,
-                body=f"body-{index}".encode(),
-                flag=0,
-                properties="TAGS\x01t\x02",
-                sys_flag=0,
-                born_timestamp=0,
-                born_host=("127.0.0.1", 1),
-                store_host=("127.0.0.1", 2),
-            )
-        )
+        result = store.put_message(_message("CliTopic", f"body-{index}".encode(), "TAGS\x01t\x02"))
         assert result.ok
     store.shutdown()
 
@@ -39,20 +41,7 @@ def test_verify_reports_progress_about_once_per_mib(tmp_path: Path) -> None:
     )
     store.start()
     for _ in range(3):
-        batch = [
-            MessageToStore(
-                topic="Big",
-                queue_id=0,
-                body=b"b" * 8000,
-                flag=0,
-                properties="",
-                sys_flag=0,
-                born_timestamp=0,
-                born_host=("127.0.0.1", 1),
-                store_host=("127.0.0.1", 2),
-            )
-        ] * 120
-        assert all(r.ok for r in store.put_each(batch))
+        assert all(r.ok for r in store.put_each([_message("Big", b"b" * 8000)] * 120))
     store.shutdown()
     steps: list[int] = []
     report = tools.verify(tmp_path, steps.append)

@@ -17,6 +17,7 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
+from tidemq import Admin, ConsumeFromWhere, MessageExt, PushConsumer
 from tidemq.console.app import create_app
 from tidemq.testing import LocalCluster, eventually, local_cluster
 from tidemq.testing.processes import free_port
@@ -117,3 +118,27 @@ async def serve_console(cluster: LocalCluster, app: Starlette | None = None) -> 
 async def console_on_cluster(root: Path) -> AsyncIterator[Served]:
     async with local_cluster(root) as cluster, serve_console(cluster) as url:
         yield Served(cluster, url)
+
+
+async def consume_all(served: Served, group: str, topic: str, count: int) -> None:
+    """Run a consumer of `group` until it has committed `count` messages of `topic`, then stop."""
+    got: list[MessageExt] = []
+    consumer = PushConsumer(
+        group,
+        served.cluster.namesrv_addr,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+    )
+    consumer.subscribe(topic)
+    consumer.register_listener(got.extend)
+    await consumer.start()
+    try:
+        await eventually(lambda: len(got) >= count)
+    finally:
+        await consumer.shutdown()  # commits what it consumed
+
+
+async def committed(served: Served, group: str, topic: str) -> int:
+    """The sum of `group`'s committed offsets on the queues of `topic`."""
+    async with Admin(served.cluster.namesrv_addr) as admin:
+        stats = await admin.consume_stats(group, topic)
+    return sum(max(o.consumer_offset, 0) for q, o in stats.offset_table.items() if q.topic == topic)

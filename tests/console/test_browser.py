@@ -14,16 +14,16 @@ import asyncio
 import contextlib
 import datetime as dt
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 from zoneinfo import ZoneInfo
 
 import pytest
-from console_harness import Served, artifacts_dir, console_on_cluster
+from console_harness import Served, artifacts_dir, committed, consume_all
 
-from tidemq import Admin, ConsumeFromWhere, Message, MessageExt, Producer, PushConsumer
+from tidemq import ConsumeFromWhere, Message, MessageExt, Producer, PushConsumer
 from tidemq.protocol import message as pm
 from tidemq.testing import eventually
 
@@ -75,12 +75,6 @@ async def in_browser(session: Callable[[WebDriver], T], tz: str | None = None) -
             return session(driver)
 
     return await asyncio.to_thread(run)
-
-
-@pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    async with console_on_cluster(tmp_path) as s:
-        yield s
 
 
 async def _dead_letter(served: Served, group: str, topic: str, body: bytes) -> None:
@@ -178,16 +172,8 @@ async def test_reset_offset_by_time_is_clicked_through_and_confirmed(served: Ser
     async with Producer("PG-browser", served.cluster.namesrv_addr) as producer:
         for n in range(5):
             await producer.send(Message("Ledger", b"%d" % n))
-    got: list[MessageExt] = []
-    consumer = PushConsumer("CG-reset", served.cluster.namesrv_addr, consume_from_where=FIRST)
-    consumer.subscribe("Ledger")
-    consumer.register_listener(got.extend)
-    await consumer.start()
-    try:
-        await eventually(lambda: len(got) == 5)
-    finally:
-        await consumer.shutdown()
-    assert await _committed(served, "CG-reset", "Ledger") == 5
+    await consume_all(served, "CG-reset", "Ledger", 5)
+    assert await committed(served, "CG-reset", "Ledger") == 5
 
     def click_through(driver: WebDriver) -> tuple[str, int, str, str]:
         driver.get(served.base_url + "/groups/CG-reset")
@@ -212,13 +198,7 @@ async def test_reset_offset_by_time_is_clicked_through_and_confirmed(served: Ser
     assert shown == f"{before:%Y-%m-%d %H:%M:%S}Z UTC ({before_ms} ms since the epoch)"
     assert result.startswith("Offsets of CG-reset on Ledger reset to")
     assert f"({before_ms} ms since the epoch)" in result
-    assert await _committed(served, "CG-reset", "Ledger") == 0
-
-
-async def _committed(served: Served, group: str, topic: str) -> int:
-    async with Admin(served.cluster.namesrv_addr) as admin:
-        stats = await admin.consume_stats(group, topic)
-    return sum(max(o.consumer_offset, 0) for q, o in stats.offset_table.items() if q.topic == topic)
+    assert await committed(served, "CG-reset", "Ledger") == 0
 
 
 async def test_a_dead_letter_is_resent_to_its_group_from_the_console(served: Served) -> None:

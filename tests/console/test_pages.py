@@ -9,22 +9,18 @@ import signal
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-from console_harness import Answer, Served, _fetch, console_on_cluster, serve_console
+from console_harness import Answer, Served, _fetch, committed, consume_all, serve_console
 from starlette.requests import Request
 from starlette.responses import Response
 
 from tidemq import (
     Admin,
-    ConsumeFromWhere,
     LocalTransactionState,
     Message,
     MessageExt,
     Producer,
-    PushConsumer,
     TransactionProducer,
 )
 from tidemq.client import api
@@ -38,37 +34,8 @@ from tidemq.protocol.bodies_client import ConsumerData, HeartbeatData, Subscript
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.message_id import offset_msg_id
-from tidemq.testing import eventually, eventually_async, local_cluster
+from tidemq.testing import eventually_async, local_cluster
 from tidemq.testing.processes import free_port
-
-FIRST = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
-
-
-@pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    async with console_on_cluster(tmp_path) as s:
-        yield s
-
-
-async def _consume_all(served: Served, group: str, topic: str, count: int) -> None:
-    """Run a consumer of `group` until it has committed `count` messages of `topic`, then stop."""
-    got: list[MessageExt] = []
-    consumer = PushConsumer(group, served.cluster.namesrv_addr, consume_from_where=FIRST)
-    consumer.subscribe(topic)
-    consumer.register_listener(got.extend)
-    await consumer.start()
-    try:
-        await eventually(lambda: len(got) >= count)
-    finally:
-        await consumer.shutdown()  # commits what it consumed
-
-
-async def _committed(served: Served, group: str, topic: str) -> int:
-    async with Admin(served.cluster.namesrv_addr) as admin:
-        stats = await admin.consume_stats(group, topic)
-    return sum(
-        max(o.consumer_offset, 0) for mq, o in stats.offset_table.items() if mq.topic == topic
-    )
 
 
 async def test_cluster_topics_and_404s(served: Served) -> None:
@@ -129,7 +96,7 @@ async def test_reset_offset_needs_an_explicit_confirm(served: Served) -> None:
     async with Producer("PG-console", served.cluster.namesrv_addr) as producer:
         for n in range(4):
             await producer.send(Message("Ledger", b"%d" % n))
-    await _consume_all(served, "CG-reset", "Ledger", 4)
+    await consume_all(served, "CG-reset", "Ledger", 4)
     await eventually_async(lambda: _is(served, "CG-reset", "Ledger", 4))
     group = await served.get("/groups/CG-reset")
     assert group.status == 200
@@ -144,14 +111,14 @@ async def test_reset_offset_needs_an_explicit_confirm(served: Served) -> None:
     assert "1970-01-01 00:00:01Z UTC (1000 ms since the epoch)" in plan.text
     unconfirmed = await served.confirm(path, query, **query)
     assert "Confirm: reset these offsets" in unconfirmed.text
-    assert await _committed(served, "CG-reset", "Ledger") == 4  # neither wrote
+    assert await committed(served, "CG-reset", "Ledger") == 4  # neither wrote
 
     done = await served.confirm(path, query, **query, confirm="yes")
     assert done.status == 200
     assert "reset to the messages stored at" in done.text
     assert "1970-01-01 00:00:01Z UTC (1000 ms since the epoch)" in done.text
     assert served.cluster.broker_addr in done.text
-    assert await _committed(served, "CG-reset", "Ledger") == 0
+    assert await committed(served, "CG-reset", "Ledger") == 0
 
     # A naive date-time without the browser's script is read as UTC, and says so.
     naive = await served.get(path, topic="Ledger", time_local="2026-11-25T10:00:00")
@@ -161,7 +128,7 @@ async def test_reset_offset_needs_an_explicit_confirm(served: Served) -> None:
 
 
 async def _is(served: Served, group: str, topic: str, offset: int) -> bool:
-    return await _committed(served, group, topic) == offset
+    return await committed(served, group, topic) == offset
 
 
 async def test_a_topic_of_10000_queues_renders_one_page_and_says_how_many_more(
@@ -249,7 +216,7 @@ def test_paginate_and_bodies() -> None:
 async def test_delete_group_needs_an_explicit_confirm(served: Served) -> None:
     async with Producer("PG-console", served.cluster.namesrv_addr) as producer:
         await producer.send(Message("Bills", b"1"))
-    await _consume_all(served, "CG-gone", "Bills", 1)
+    await consume_all(served, "CG-gone", "Bills", 1)
 
     async def groups() -> list[str]:
         async with Admin(served.cluster.namesrv_addr) as admin:
@@ -265,6 +232,7 @@ async def test_delete_group_needs_an_explicit_confirm(served: Served) -> None:
     assert "Group CG-gone deleted on" in done.text
     assert "CG-gone" not in await groups()
     assert (await served.get("/groups/CG-gone/delete")).status == 404
+    assert (await served.get("/groups/CG-gone")).status == 404  # its offsets went too
 
 
 async def test_the_cli_verb_serves_the_console(served: Served) -> None:
@@ -325,7 +293,7 @@ async def test_transactions_page_lists_half_messages_in_flight(served: Served) -
 async def test_a_write_not_from_the_consoles_own_form_is_refused(served: Served) -> None:
     async with Producer("PG-console", served.cluster.namesrv_addr) as producer:
         await producer.send(Message("Ledger", b"1"))
-    await _consume_all(served, "CG-csrf", "Ledger", 1)
+    await consume_all(served, "CG-csrf", "Ledger", 1)
     path = "/groups/CG-csrf/reset"
     fields = {"topic": "Ledger", "time": "0", "confirm": "yes"}
     token = await served.token(path, topic="Ledger", time="0")
@@ -351,12 +319,8 @@ async def test_a_write_not_from_the_consoles_own_form_is_refused(served: Served)
         **fields,
     )
     assert rebound.status == 400
-    assert (
-        await served.get(
-            "/",
-        )
-    ).status == 200
-    assert await _committed(served, "CG-csrf", "Ledger") == 1  # none of them wrote
+    assert (await served.get("/")).status == 200
+    assert await committed(served, "CG-csrf", "Ledger") == 1  # none of them wrote
     done = await served.post(path, None, csrf=token, **fields)
     assert (done.status, "reset to" in done.text) == (200, True)
 

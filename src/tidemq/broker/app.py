@@ -51,7 +51,7 @@ from tidemq.broker.registration import RegistrationService
 from tidemq.broker.replication import ControlledRole, Replication
 from tidemq.broker.schedule import DelayRouter, ScheduleService
 from tidemq.broker.service import PeriodicService
-from tidemq.broker.stats import BrokerStats
+from tidemq.broker.stats import SAMPLE_INTERVAL_MS, BrokerStats
 from tidemq.broker.timer import TimerWheel
 from tidemq.broker.tls_setup import check_tls_files, outbound_ssl
 from tidemq.broker.topic_adopt import TopicAdopter
@@ -154,7 +154,7 @@ class BrokerApp:
         )
         self.transaction_stats = TransactionStats()
         self.stats = BrokerStats(config.broker_cluster_name, clock.now_ms)
-        self.metrics = BrokerMetrics(config)  # the stats sampler, loop lag, PROM exporter
+        self.metrics = BrokerMetrics(config)  # loop lag, the PROM exporter
         self.trace = broker_trace(config, store, self.topics, self.clients, clock, self.advertised)
         self.transactions, self.sink_batches = self._transaction_parts()
         self.check_back: CheckBackService | None = None
@@ -390,6 +390,7 @@ class BrokerApp:
                 self.offsets.persist_if_dirty,
             ),
             PeriodicService("client-expiry", CLIENT_SCAN_INTERVAL_MS, self._expire_clients),
+            PeriodicService("stats-sample", SAMPLE_INTERVAL_MS, self.stats.sample),
             PeriodicService("file-cleanup", config.cleanup_interval_ms, self._clean_files),
             # After a failed dispatch (a full disk), re-dispatch once space is back; the store
             # keeps the backoff, so a tick with nothing due costs one comparison.

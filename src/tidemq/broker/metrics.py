@@ -42,8 +42,7 @@ from tidemq.broker.clients import ClientRegistry
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.offsets import ConsumerOffsetTable, split_key
 from tidemq.broker.replication import Replication
-from tidemq.broker.service import PeriodicService
-from tidemq.broker.stats import SAMPLE_INTERVAL_MS, SIZE_BUCKETS, BrokerStats
+from tidemq.broker.stats import SIZE_BUCKETS, BrokerStats
 from tidemq.broker.transaction.ledger import TransactionLedger
 from tidemq.broker.transaction.resolution import TransactionResolver
 from tidemq.broker.transaction.stats import TransactionStats
@@ -144,12 +143,7 @@ class BrokerCollector(Collector):
         sizes = HistogramMetricFamily(
             "rocketmq_message_size", "Sizes of stored messages, in bytes", labels=self._names()
         )
-        cumulative = 0
-        buckets: list[tuple[str, float]] = []
-        for bound, count in zip(SIZE_BUCKETS, stats.size_buckets, strict=False):
-            cumulative += count
-            buckets.append((str(float(bound)), cumulative))
-        buckets.append(("+Inf", cumulative + stats.size_buckets[-1]))
+        buckets = families.cumulative_buckets(SIZE_BUCKETS, stats.size_buckets)
         sizes.add_metric(self._values(), buckets, sum_value=stats.size_sum)
         yield sizes
 
@@ -368,9 +362,10 @@ class MetricsSource(Protocol):
 
 
 class BrokerMetrics:
-    """The broker's metrics parts and their lifecycle: the stats sampler and the loop-lag
-    monitor always (VIEW_BROKER_STATS_DATA and the lag warning need them), and with
-    metricsExporterType=PROM the RPC timing (`rpc`, set on the handler table) and the exporter."""
+    """The broker's metrics parts and their lifecycle: the loop-lag monitor always (its WARNING
+    needs it), and with metricsExporterType=PROM the RPC timing (`rpc`, set on the handler
+    table) and the exporter. (BrokerStats is sampled by one of the app's periodic services:
+    VIEW_BROKER_STATS_DATA and runtime info read its windows with or without PROM.)"""
 
     def __init__(self, config: BrokerConfig) -> None:
         self._config = config
@@ -378,7 +373,6 @@ class BrokerMetrics:
         self.loop_lag = LoopLagMonitor(f"broker {config.broker_name}")
         self.registry: CollectorRegistry | None = None
         self.server: MetricsServer | None = None
-        self._sampler: PeriodicService | None = None
 
     @property
     def port(self) -> int:
@@ -387,8 +381,6 @@ class BrokerMetrics:
 
     async def start(self, source: MetricsSource) -> None:
         self.loop_lag.start()
-        self._sampler = PeriodicService("stats-sample", SAMPLE_INTERVAL_MS, source.stats.sample)
-        self._sampler.start()
         if self.rpc is None:
             return
         config = source.config
@@ -414,7 +406,4 @@ class BrokerMetrics:
     async def stop(self) -> None:
         if self.server is not None:
             await self.server.stop()
-        if self._sampler is not None:
-            await self._sampler.stop()
-            self._sampler = None
         await self.loop_lag.stop()

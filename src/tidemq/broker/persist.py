@@ -5,11 +5,13 @@ over the old one, and the directory is fsync'd so the rename itself survives a p
 therefore sees either the old or the new file, whole. The previous version is kept as
 `<name>.bak` (as RocketMQ's ConfigManager does) so a file damaged by hand can be recovered.
 
-Writing means fsync, which can take tens of milliseconds on a busy disk, so the broker never does
-it on the event loop while serving: a `ConfigWriter` takes the snapshot (bytes) on the loop and
+Writing means fsync, which can take tens of milliseconds on a busy disk, so the broker does not
+do it on the event loop while serving: a `ConfigWriter` takes the snapshot (bytes) on the loop and
 writes it with `asyncio.to_thread`, at most once per CONFIG_WRITE_INTERVAL_MS however many changes
 arrive (the newest snapshot wins). Without a running loop (start-up, tools) and at shutdown it
 writes synchronously. Snapshots carry a sequence number so an older one never lands after a newer.
+The topic table is the exception: an admin change is written (`write_atomic`) before its answer,
+on the loop, and auto-created topics go to a journal (topics.py's module doc).
 """
 
 from __future__ import annotations

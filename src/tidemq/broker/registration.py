@@ -120,15 +120,18 @@ class RegistrationService:
         self._stopping = False
         self.rounds = 0
         self._next_round_at = 0.0  # loop time before which no round starts (ROUND_GAP_FACTOR)
+        # Listening from here, not from start(): the broker awaits its first round before
+        # start(), with its port open, and a topic an admin creates meanwhile (once a name
+        # server has published this broker) must not wait registerNameServerPeriod.
+        topics.add_change_listener(self.trigger)
 
     def start(self) -> None:
-        self._topics.add_change_listener(self.trigger)
         self._periodic.start()
 
     def trigger(self) -> None:
-        """Register again as soon as possible (after a topic change)."""
-        if self._periodic.running:
-            self._periodic.trigger()
+        """Register again as soon as possible (after a topic change). Before start() the wake-up
+        is kept: the periodic loop's first round then runs at once."""
+        self._periodic.trigger()
 
     async def stop(self) -> None:
         self._stopping = True

@@ -72,10 +72,12 @@ Sample = tuple[int, int, int]
 
 
 def _window(ring: deque[Sample]) -> StatsWindow:
-    if len(ring) < 2:
-        return ZERO_WINDOW
-    first_ms, first_value, first_calls = ring[0]
-    last_ms, last_value, last_calls = ring[-1]
+    return _between(ring[0], ring[-1]) if len(ring) >= 2 else ZERO_WINDOW
+
+
+def _between(first: Sample, last: Sample) -> StatsWindow:
+    first_ms, first_value, first_calls = first
+    last_ms, last_value, last_calls = last
     total = last_value - first_value
     span = last_ms - first_ms
     tps = total * 1000 / span if span > 0 else 0.0
@@ -225,3 +227,11 @@ class BrokerStats:
         """The last minute's rate of `name` for `key`, per second."""
         ring = self._rings[name].get(key)
         return _window(ring.minute).tps if ring is not None else 0.0
+
+    def last_interval_tps(self, name: str, key: str) -> float:
+        """The rate of `name` for `key` between the two latest samples (SAMPLE_INTERVAL_MS
+        apart: upstream's 10 s figure), per second; 0.0 before two samples."""
+        ring = self._rings[name].get(key)
+        if ring is None or len(ring.minute) < 2:
+            return 0.0
+        return _between(ring.minute[-2], ring.minute[-1]).tps

@@ -57,7 +57,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from tidemq.broker.persist import ConfigWriter, read_optional
+from tidemq.broker.persist import read_optional, write_atomic
 from tidemq.clock import Clock
 from tidemq.errors import ProtocolError
 from tidemq.protocol.bodies import DataVersion, TopicConfig, TopicConfigSerializeWrapper
@@ -114,7 +114,6 @@ class TopicTable:
         self._journal_unsynced = False
         self._journal_sync: asyncio.Task[None] | None = None
         self._created: list[str] = []  # topics auto-created this turn, for the journal
-        self._writer = ConfigWriter(self._path)
         self._clock = clock
         self._auto_create = auto_create_topic_enable
         self._topics: dict[str, TopicConfig] = {}
@@ -196,7 +195,7 @@ class TopicTable:
             self._turn_write.cancel()
             self._turn_write = None
         self._created.clear()
-        self._writer.write(self.wrapper().to_json())
+        write_atomic(self._path, self.wrapper().to_json())
         if self._journal_lines != 0:
             os.ftruncate(self._journal(), 0)
             self._journal_lines = 0
@@ -205,7 +204,6 @@ class TopicTable:
         """Fold what the journal holds and what waits for its turn into topics.json (shutdown)."""
         if self._turn_write is not None or self._journal_lines:
             self.persist()
-        await self._writer.flush()
         task, self._journal_sync = self._journal_sync, None
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)

@@ -398,12 +398,16 @@ class BrokerTrace:
             )
         ]
 
-    def _origin(self, message: rec.StoredMessage, props: dict[str, str]) -> str | None:
-        """The traced topic a delivered message belongs to (a retry's original one)."""
+    def _consumed_ids(self, message: rec.StoredMessage) -> tuple[str, str] | None:
+        """(msgId, keys) of a delivered message whose topic (a retry's original one) is
+        traced, else None."""
+        props = decode_properties(message.properties)
         topic = message.topic
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             topic = props.get(RETRY_TOPIC, "")
-        return topic if self.traced(topic) else None
+        if not self.traced(topic):
+            return None
+        return self._msg_ids(message.physical_offset, props)[0], props.get(KEYS, "")
 
     def _delivered(self, now: int, group: str, phys: list[int]) -> list[tr.TraceRecord]:
         records: list[tr.TraceRecord] = []
@@ -416,19 +420,18 @@ class BrokerTrace:
                 if len(self._first_delivered) >= FIRST_DELIVERED_MAX:
                     self._first_delivered.popitem(last=False)  # the oldest
                 self._first_delivered[key] = message.queue_offset
-            props = decode_properties(message.properties)
-            if self._origin(message, props) is None:
+            ids = self._consumed_ids(message)
+            if ids is None:
                 continue
-            msg_id, _ = self._msg_ids(message.physical_offset, props)
             records.append(
                 tr.TraceRecord(
                     tr.SUB_BEFORE,
                     timestamp=now,
                     group=group,
                     request_id=f"pull:{message.queue_id}:{message.queue_offset}",
-                    msg_id=msg_id,
+                    msg_id=ids[0],
                     retry_times=message.reconsume_times,
-                    keys=props.get(KEYS, ""),
+                    keys=ids[1],
                 )
             )
         return records
@@ -454,18 +457,17 @@ class BrokerTrace:
             message = rec.decode_record(data, verify_crc=False)
             if message.queue_offset >= new:
                 break
-            props = decode_properties(message.properties)
-            if self._origin(message, props) is None:
+            ids = self._consumed_ids(message)
+            if ids is None:
                 continue
-            msg_id, _ = self._msg_ids(message.physical_offset, props)
             records.append(
                 tr.TraceRecord(
                     tr.SUB_AFTER,
                     timestamp=now,
                     group=group,
                     request_id=f"ack:{queue_id}:{message.queue_offset}",
-                    msg_id=msg_id,
-                    keys=props.get(KEYS, ""),
+                    msg_id=ids[0],
+                    keys=ids[1],
                     success=True,
                     context_code=tr.CONTEXT_SUCCESS,
                 )

@@ -11,6 +11,7 @@ from tidemq.broker.clients import ClientRegistry
 from tidemq.broker.groups import SYSTEM_GROUPS
 from tidemq.protocol import trace as tr
 from tidemq.protocol.message import (
+    CID_RMQ_SYS_PREFIX,
     CLIENT_INNER_PRODUCER_GROUP,
     DLQ_GROUP_TOPIC_PREFIX,
     RETRY_GROUP_TOPIC_PREFIX,
@@ -20,7 +21,7 @@ from tidemq.protocol.message import (
 )
 
 # Consumer groups that browse (admin tools, upstream's system groups, TideMQ's readers).
-_UNTRACED_GROUP_PREFIXES: Final = ("CID_RMQ_SYS_", "TOOLS_CONSUMER", "TIDEMQ_")
+_UNTRACED_GROUP_PREFIXES: Final = (CID_RMQ_SYS_PREFIX, "TOOLS_CONSUMER", "TIDEMQ_")
 _NOT_TRACED_PREFIXES: Final = (
     SYSTEM_TOPIC_PREFIX,
     SYSTEM_TOPIC_PREFIX.upper(),

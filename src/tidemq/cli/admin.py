@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from tidemq.cli import cluster as cli_cluster
 from tidemq.cli import dlq, lookup, ops
 from tidemq.cli import trace as cli_trace
-from tidemq.cli.credentials import add_options, credentials_of
-from tidemq.cli.hints import fail, property_pair, time_ms
+from tidemq.cli.credentials import credentials_of
+from tidemq.cli.hints import fail, print_error, property_pair, time_ms, with_namesrv
 from tidemq.cli.lookup import print_message
 from tidemq.cli.output import add_json_flag, emit_json, wants_json
 from tidemq.cli.progress import track
 from tidemq.cli.table import print_table
-from tidemq.cli.tls_options import add_client_flags, tls_of
+from tidemq.cli.tls_options import tls_of
 from tidemq.errors import QueueError
 
 if TYPE_CHECKING:
@@ -50,22 +50,10 @@ def _verb(verbs: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _with_namesrv(parser: argparse.ArgumentParser, namesrv_default: str) -> argparse.ArgumentParser:
-    parser.add_argument(
-        "-n",
-        "--namesrv-addr",
-        default=namesrv_default,
-        help=f"name servers, ';'-separated (default {namesrv_default})",
-    )
-    add_options(parser)  # --access-key / --secret-key
-    add_client_flags(parser, default=argparse.SUPPRESS)  # --tls, --tls-ca, ...
-    return parser
-
-
 def _add_parsers_topic(verbs: Any, namesrv_default: str) -> None:
     topic = _verb(verbs, "topic", "create, list and inspect topics")
     actions = topic.add_subparsers(dest="action", required=True)
-    create = _with_namesrv(
+    create = with_namesrv(
         actions.add_parser("create", help="create or update a topic"), namesrv_default
     )
     create.add_argument("-t", "--topic", required=True)
@@ -75,16 +63,16 @@ def _add_parsers_topic(verbs: Any, namesrv_default: str) -> None:
     create.add_argument("-b", "--broker-addr", help="only this broker")
     create.add_argument("--order", action="store_true", help="an ordered topic")
     create.set_defaults(run=run_topic_create)
-    listing = _with_namesrv(
+    listing = with_namesrv(
         actions.add_parser("list", help="every topic the name server knows"), namesrv_default
     )
     add_json_flag(listing).set_defaults(run=run_topic_list)
-    route = _with_namesrv(
+    route = with_namesrv(
         actions.add_parser("route", help="brokers and queues of a topic"), namesrv_default
     )
     route.add_argument("-t", "--topic", required=True)
     add_json_flag(route).set_defaults(run=run_topic_route)
-    stats = _with_namesrv(
+    stats = with_namesrv(
         actions.add_parser("stats", help="min/max offset per queue"), namesrv_default
     )
     stats.add_argument("-t", "--topic", required=True)
@@ -99,7 +87,7 @@ def _add_parsers_cluster(verbs: Any, namesrv_default: str) -> None:
 
 
 def _add_parsers_send(verbs: Any, namesrv_default: str) -> None:
-    send = _with_namesrv(_verb(verbs, "send", "send messages"), namesrv_default)
+    send = with_namesrv(_verb(verbs, "send", "send messages"), namesrv_default)
     send.add_argument("-t", "--topic", required=True)
     send.add_argument("-b", "--body", default=None, help="message body (default: read stdin)")
     send.add_argument("--tags", default=None)
@@ -131,7 +119,7 @@ def _add_parsers_send(verbs: Any, namesrv_default: str) -> None:
 
 
 def _add_parsers_consume(verbs: Any, namesrv_default: str) -> None:
-    consume = _with_namesrv(
+    consume = with_namesrv(
         _verb(verbs, "consume", "read messages and commit the group's offsets"), namesrv_default
     )
     consume.add_argument("-t", "--topic", required=True)
@@ -165,7 +153,7 @@ def _add_parsers_consume(verbs: Any, namesrv_default: str) -> None:
 def _add_parsers_message(verbs: Any, namesrv_default: str) -> None:
     message = _verb(verbs, "message", "look messages up")
     actions = message.add_subparsers(dest="action", required=True)
-    query = _with_namesrv(
+    query = with_namesrv(
         actions.add_parser("query", help="by key or by message id"), namesrv_default
     )
     query.add_argument(
@@ -178,13 +166,13 @@ def _add_parsers_message(verbs: Any, namesrv_default: str) -> None:
     )
     add_json_flag(query).set_defaults(run=lookup.run_message_query)
     ops.add_message_actions(actions, namesrv_default)  # resend
-    cli_trace.add_parser(actions, _with_namesrv, namesrv_default)  # trace
+    cli_trace.add_parser(actions, with_namesrv, namesrv_default)  # trace
 
 
 def _add_parsers_group(verbs: Any, namesrv_default: str) -> None:
     group = _verb(verbs, "group", "consumer groups")
     actions = group.add_subparsers(dest="action", required=True)
-    progress = _with_namesrv(actions.add_parser("progress", help="lag per queue"), namesrv_default)
+    progress = with_namesrv(actions.add_parser("progress", help="lag per queue"), namesrv_default)
     progress.add_argument("-g", "--group", required=True)
     progress.add_argument("-t", "--topic", default=None)
     add_json_flag(progress).set_defaults(run=lookup.run_group_progress)
@@ -313,7 +301,7 @@ def run_send(args: argparse.Namespace) -> int:
             deliver_time_ms=args.deliver_at,
         )
     except ValueError as error:
-        print(f"tidemq: {error}", file=sys.stderr)
+        print_error(str(error))
         return 2
     try:
         with (

@@ -8,6 +8,7 @@ the auto-create template topic). At the CLI edge those are turned into what the 
     REQUEST_CODE_NOT_SUPPORTED (3) to a name-server request  →  -n ADDR is not a name server
     CONSUMER_NOT_ONLINE (206) on a verb with -g  →  no consumer of group G is online
 
+`with_namesrv` gives a verb that talks to servers -n and the credential and TLS flags.
 `time_ms` reads the times the verbs take (`send --deliver-at`, `group reset-offset --to-time`):
 ms since the epoch, or an ISO 8601 date-time, local time unless it carries an offset or "Z"
 (the tables print local times, so what a user copies from them reads back the same).
@@ -23,6 +24,8 @@ from collections.abc import Coroutine
 from datetime import datetime
 from typing import Any, Final
 
+from tidemq.cli.credentials import add_options
+from tidemq.cli.tls_options import add_client_flags
 from tidemq.errors import BrokerError, QueueError
 from tidemq.protocol.codes import RequestCode, ResponseCode
 
@@ -87,8 +90,26 @@ def run_verb(coro: Coroutine[Any, Any, int], args: argparse.Namespace) -> int:
 
 def fail(error: QueueError, args: argparse.Namespace) -> int:
     """Print `error` as one line on stderr; the exit status of a verb the cluster refused."""
-    print(f"tidemq: {explain(error, args)}", file=sys.stderr)
+    print_error(explain(error, args))
     return 1
+
+
+def print_error(line: str) -> None:
+    """One "tidemq: ..." line on stderr."""
+    print(f"tidemq: {line}", file=sys.stderr)
+
+
+def with_namesrv(parser: argparse.ArgumentParser, namesrv_default: str) -> argparse.ArgumentParser:
+    """Give a verb that talks to servers -n (name servers), the credentials and the TLS flags."""
+    parser.add_argument(
+        "-n",
+        "--namesrv-addr",
+        default=namesrv_default,
+        help=f"name servers, ';'-separated (default {namesrv_default})",
+    )
+    add_options(parser)  # --access-key / --secret-key
+    add_client_flags(parser, default=argparse.SUPPRESS)  # --tls, --tls-ca, ...
+    return parser
 
 
 def time_ms(text: str) -> int:

@@ -26,12 +26,11 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from tidemq.cli import lookup
-from tidemq.cli.credentials import add_options, credentials_of
-from tidemq.cli.hints import property_pair, run_verb
+from tidemq.cli.credentials import credentials_of
+from tidemq.cli.hints import print_error, property_pair, run_verb, with_namesrv
 from tidemq.cli.output import add_json_flag, emit_json, jsonable, records_rows, wants_json
 from tidemq.cli.table import print_table
-from tidemq.cli.tls_options import add_client_flags, tls_of
+from tidemq.cli.tls_options import tls_of
 from tidemq.client.admin import Admin
 from tidemq.protocol import message as pm
 
@@ -40,47 +39,52 @@ Verb = Callable[[Admin, argparse.Namespace], Coroutine[Any, Any, int]]
 
 def add_parsers(verbs: Any, *, namesrv_default: str) -> None:
     """`consumer` and `producer`, and `status`/`config` under the `broker` verb when present."""
-    consumer = verbs.add_parser("consumer", help="a consumer group's live clients")
-    connection = _with_namesrv(
-        consumer.add_subparsers(dest="action", required=True).add_parser(
-            "connection", help="clients, subscriptions and consume settings of a group"
-        ),
-        namesrv_default,
+    consumer = _connection_parser(
+        verbs, "consumer", "clients, subscriptions and consume settings of a group", namesrv_default
     )
-    connection.add_argument("-g", "--group", required=True)
-    _reads(connection, _consumer_connection)
-    producer = verbs.add_parser("producer", help="a producer group's live clients")
-    connection = _with_namesrv(
-        producer.add_subparsers(dest="action", required=True).add_parser(
-            "connection", help="clients of a producer group sending to a topic"
-        ),
-        namesrv_default,
+    _reads(consumer, _consumer_connection)
+    producer = _connection_parser(
+        verbs, "producer", "clients of a producer group sending to a topic", namesrv_default
     )
-    connection.add_argument("-g", "--group", required=True)
-    connection.add_argument("-t", "--topic", required=True)
-    _reads(connection, _producer_connection)
+    producer.add_argument("-t", "--topic", required=True)
+    _reads(producer, _producer_connection)
     broker = verbs.choices.get("broker")
     if broker is not None:
         _add_broker_actions(broker, namesrv_default)
 
 
+def _connection_parser(
+    verbs: Any, role: str, help_text: str, namesrv_default: str
+) -> argparse.ArgumentParser:
+    """`tidemq ROLE connection -g GROUP` (consumer, producer)."""
+    parent = verbs.add_parser(role, help=f"a {role} group's live clients")
+    connection = with_namesrv(
+        parent.add_subparsers(dest="action", required=True).add_parser(
+            "connection", help=help_text
+        ),
+        namesrv_default,
+    )
+    connection.add_argument("-g", "--group", required=True)
+    return connection
+
+
 def _add_broker_actions(broker: argparse.ArgumentParser, namesrv_default: str) -> None:
     # Not required: `tidemq broker -c broker.conf` (no action) runs a broker as before.
     actions = broker.add_subparsers(dest="action", metavar="{status,config}")
-    status = _with_namesrv(
+    status = with_namesrv(
         actions.add_parser("status", help="a broker's runtime info"), namesrv_default
     )
     status.add_argument("-b", "--broker", required=True, metavar="ADDR", help="host:port")
     _reads(status, _broker_status)
     config = actions.add_parser("config", help="read or change a broker's config")
     config_actions = config.add_subparsers(dest="config_action", required=True)
-    get = _with_namesrv(
+    get = with_namesrv(
         config_actions.add_parser("get", help="the broker's settings"), namesrv_default
     )
     get.add_argument("-b", "--broker", required=True, metavar="ADDR", help="host:port")
     get.add_argument("-k", "--key", action="append", default=[], help="only this key (repeat)")
     _reads(get, _broker_config_get)
-    set_ = _with_namesrv(
+    set_ = with_namesrv(
         config_actions.add_parser("set", help="change settings at run time"), namesrv_default
     )
     where = set_.add_mutually_exclusive_group(required=True)
@@ -92,7 +96,7 @@ def _add_broker_actions(broker: argparse.ArgumentParser, namesrv_default: str) -
 
 def add_topic_actions(actions: Any, namesrv_default: str) -> None:
     """`tidemq topic delete`, added to cli/admin.py's `topic` verb."""
-    delete = _with_namesrv(
+    delete = with_namesrv(
         actions.add_parser("delete", help="delete a topic on its brokers and name servers"),
         namesrv_default,
     )
@@ -103,12 +107,12 @@ def add_topic_actions(actions: Any, namesrv_default: str) -> None:
 
 def add_group_actions(actions: Any, namesrv_default: str) -> None:
     """`tidemq group list|delete`, added to cli/admin.py's `group` verb."""
-    listing = _with_namesrv(
+    listing = with_namesrv(
         actions.add_parser("list", help="every subscription group and online consumer group"),
         namesrv_default,
     )
     _reads(listing, _group_list)
-    delete = _with_namesrv(
+    delete = with_namesrv(
         actions.add_parser("delete", help="delete a subscription group on every master"),
         namesrv_default,
     )
@@ -125,7 +129,7 @@ def add_group_actions(actions: Any, namesrv_default: str) -> None:
 
 def add_message_actions(actions: Any, namesrv_default: str) -> None:
     """`tidemq message resend`, added to cli/admin.py's `message` verb."""
-    resend = _with_namesrv(
+    resend = with_namesrv(
         actions.add_parser(
             "resend",
             help="deliver one stored message again to one consumer group only (also from DLQ)",
@@ -140,18 +144,6 @@ def add_message_actions(actions: Any, namesrv_default: str) -> None:
     )
     resend.add_argument("-g", "--group", required=True, help="the consumer group to deliver to")
     _writes(resend, _message_resend)
-
-
-def _with_namesrv(parser: argparse.ArgumentParser, namesrv_default: str) -> argparse.ArgumentParser:
-    parser.add_argument(
-        "-n",
-        "--namesrv-addr",
-        default=namesrv_default,
-        help=f"name servers, ';'-separated (default {namesrv_default})",
-    )
-    add_options(parser)  # --access-key / --secret-key
-    add_client_flags(parser, default=argparse.SUPPRESS)  # --tls, --tls-ca, ...
-    return parser
 
 
 def _reads(parser: argparse.ArgumentParser, verb: Verb) -> None:
@@ -261,22 +253,16 @@ async def _group_delete(admin: Admin, args: argparse.Namespace) -> int:
 
 async def _consumer_connection(admin: Admin, args: argparse.Namespace) -> int:
     answer = jsonable(await admin.consumer_connections(args.group))
-    return _print_answer({"group": args.group, **_as_object(answer)}, args)
+    return _print_answer({"group": args.group, **answer}, args)
 
 
 async def _producer_connection(admin: Admin, args: argparse.Namespace) -> int:
     answer = jsonable(await admin.producer_connections(args.group, args.topic))
-    return _print_answer({"group": args.group, "topic": args.topic, **_as_object(answer)}, args)
+    return _print_answer({"group": args.group, "topic": args.topic, **answer}, args)
 
 
 async def _message_resend(admin: Admin, args: argparse.Namespace) -> int:
-    msg_id = args.id.strip().upper()
-    if args.topic is None and lookup.offset_msg_id_broker(msg_id) is not None:
-        # Admin finds the broker to store the copy on by the message's broker name, which a
-        # view by offsetMsgId only knows once the topic's route is cached: fetch it first.
-        stored = await admin.view_message(msg_id)
-        await admin.topic_route(stored.topic)
-    message = await admin.resend_message(msg_id, args.group, topic=args.topic)
+    message = await admin.resend_message(args.id.strip().upper(), args.group, topic=args.topic)
     print(
         f"message {message.msg_id} of {message.topic} resent to group {args.group}"
         f" (stored in {pm.retry_topic(args.group)})"
@@ -285,12 +271,6 @@ async def _message_resend(admin: Admin, args: argparse.Namespace) -> int:
 
 
 # -- relaying answers -----------------------------------------------------------------------
-
-
-def _as_object(answer: Any) -> dict[str, Any]:
-    if isinstance(answer, dict):
-        return answer
-    return {"connections": answer}  # a bare list of connections
 
 
 def _print_answer(document: dict[str, Any], args: argparse.Namespace) -> int:
@@ -309,8 +289,3 @@ def _print_answer(document: dict[str, Any], args: argparse.Namespace) -> int:
             print(f"{title}:" if records else f"{title}: none")
             print_table(records_rows(records))
     return 0
-
-
-def print_error(line: str) -> None:
-    """One "tidemq: ..." line on stderr, as cli/hints.py's fail prints."""
-    print(f"tidemq: {line}", file=sys.stderr)

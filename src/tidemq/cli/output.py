@@ -1,7 +1,7 @@
 """`--json` for the read verbs: one JSON document on stdout, nothing else on stdout.
 
 A script that parses a table breaks the day a column is added; one that reads a JSON document
-does not. Every read verb takes --json (tests/cli/test_json_verbs.py walks the parser and fails
+does not. Every read verb takes --json (tests/cli/test_cli_output.py walks the parser and fails
 on a read verb without it) and then prints exactly one document, made by orjson, followed by a
 newline. Errors and notes still go to stderr, and the exit status is the table's: a script can
 test the status first and parse stdout after.

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from tidemq.clock import Clock
-from tidemq.errors import BrokerError, ClientError, error_for_code
+from tidemq.errors import ClientError
 from tidemq.protocol import message as pm
 from tidemq.protocol.bodies import (
     ClusterInfo,
@@ -50,7 +50,7 @@ from tidemq.protocol.headers import (
 from tidemq.protocol.record import decode_record, decode_records
 from tidemq.security.signing import Credentials
 
-from .admin_groups import GroupAdmin
+from .admin_groups import GroupAdmin, checked
 from .instance import AskNext, ClientInstance, no_brokers
 from .message import MessageExt
 from .tls import TlsOption
@@ -60,12 +60,6 @@ from .tls import TlsOption
 QUERY_MAX_NUM_DEFAULT: Final = 32
 # Queries scan the index up to this time when no end is given: far in the future.
 _END_OF_TIME_MS: Final = 2**62
-
-
-def _checked(response: RemotingCommand) -> RemotingCommand:
-    if response.code != ResponseCode.SUCCESS:
-        raise error_for_code(response.code, response.remark)
-    return response
 
 
 def _no_topics(response: RemotingCommand) -> bool:
@@ -121,7 +115,7 @@ class Admin(GroupAdmin):
     ) -> RemotingCommand:
         cmd = RemotingCommand(code=code, ext_fields=fields or {})
         response = await self._instance.invoke_namesrv(cmd, self.timeout_ms, ask_next=ask_next)
-        return _checked(response)
+        return checked(response)
 
     async def _broker(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:
         return await self._instance.remoting.invoke(addr, cmd, self.timeout_ms)
@@ -198,7 +192,7 @@ class Admin(GroupAdmin):
             cmd = RemotingCommand(
                 code=RequestCode.UPDATE_AND_CREATE_TOPIC, ext_fields=header.to_fields()
             )
-            _checked(await self._broker(addr, cmd))
+            checked(await self._broker(addr, cmd))
         return addrs
 
     async def delete_topic(self, topic: str, *, cluster: str | None = None) -> None:
@@ -209,7 +203,7 @@ class Admin(GroupAdmin):
             cmd = RemotingCommand(
                 code=RequestCode.DELETE_TOPIC_IN_BROKER, ext_fields=header.to_fields()
             )
-            _checked(await self._broker(addr, cmd))
+            checked(await self._broker(addr, cmd))
         namesrv_header = DeleteTopicRequestHeader(topic=topic, cluster_name=cluster)
         await self._namesrv(RequestCode.DELETE_TOPIC_IN_NAMESRV, namesrv_header.to_fields())
         self._instance.routes.forget(topic)
@@ -217,7 +211,7 @@ class Admin(GroupAdmin):
     async def broker_runtime_info(self, addr: str) -> dict[str, str]:
         """GET_BROKER_RUNTIME_INFO of the broker at `addr`: its key → value table (role,
         offsets, replication and, in controller mode, epoch and in-sync set)."""
-        response = _checked(
+        response = checked(
             await self._broker(addr, RemotingCommand(code=RequestCode.GET_BROKER_RUNTIME_INFO))
         )
         return KVTable.from_json(response.body).table
@@ -231,7 +225,7 @@ class Admin(GroupAdmin):
             cmd = RemotingCommand(
                 code=RequestCode.GET_TOPIC_STATS_INFO, ext_fields=header.to_fields()
             )
-            response = _checked(await self._broker(addr, cmd))
+            response = checked(await self._broker(addr, cmd))
             table.update(TopicStatsTable.from_json(response.body).offset_table)
         return TopicStatsTable(offset_table=dict(sorted(table.items())))
 
@@ -239,18 +233,15 @@ class Admin(GroupAdmin):
         """Broker offset vs. the group's committed offset per queue (the group's lag)."""
         addrs: set[str] = set()
         for name in [pm.retry_topic(group)] + ([topic] if topic else []):
-            try:
-                route = await self._instance.fetch_route(name)
+            route = await self._route_or_none(name)
+            if route is not None:
                 addrs.update(self._read_addresses(route).values())
-            except BrokerError as exc:
-                if exc.response_code != ResponseCode.TOPIC_NOT_EXIST:
-                    raise
         table: dict[MessageQueue, OffsetWrapper] = {}
         tps = 0.0
         header = GetConsumeStatsRequestHeader(consumer_group=group, topic=topic)
         for addr in sorted(addrs):
             cmd = RemotingCommand(code=RequestCode.GET_CONSUME_STATS, ext_fields=header.to_fields())
-            response = _checked(await self._broker(addr, cmd))
+            response = checked(await self._broker(addr, cmd))
             stats = ConsumeStats.from_json(response.body)
             table.update(stats.offset_table)
             tps += stats.consume_tps
@@ -285,7 +276,7 @@ class Admin(GroupAdmin):
             response = await self._broker(addr, cmd)
             if response.code == ResponseCode.QUERY_NOT_FOUND:
                 continue
-            _checked(response)
+            checked(response)
             for stored in decode_records(response.body):
                 message = MessageExt.from_stored(stored, name)
                 if unique_key or key in message.keys or message.msg_id == key:
@@ -300,7 +291,7 @@ class Admin(GroupAdmin):
             code=RequestCode.VIEW_MESSAGE_BY_ID,
             ext_fields=ViewMessageRequestHeader(offset=physical_offset).to_fields(),
         )
-        response = _checked(await self._broker(addr, cmd))
+        response = checked(await self._broker(addr, cmd))
         broker_name = self._instance.routes.broker_name_of(addr) or await self._broker_name_at(addr)
         return MessageExt.from_stored(decode_record(response.body), broker_name)
 

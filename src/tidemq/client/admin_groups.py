@@ -92,7 +92,8 @@ def parse_properties_text(text: str) -> dict[str, str]:
     return table
 
 
-def _checked(response: RemotingCommand) -> RemotingCommand:
+def checked(response: RemotingCommand) -> RemotingCommand:
+    """`response` if it is a success, else its code's error raised (Admin's answers too)."""
     if response.code != ResponseCode.SUCCESS:
         raise error_for_code(response.code, response.remark)
     return response
@@ -130,6 +131,7 @@ class GroupAdmin:
         return await self._broker(addr, RemotingCommand(code=code, ext_fields=dict(fields)))
 
     async def _route_or_none(self, topic: str) -> TopicRouteData | None:
+        """`topic`'s route, or None when the name server knows no such topic."""
         try:
             return await self._instance.fetch_route(topic)
         except BrokerError as exc:
@@ -156,7 +158,7 @@ class GroupAdmin:
 
     async def broker_config(self, addr: str) -> dict[str, str]:
         """The broker's settings (GET_BROKER_CONFIG), key → value; secrets redacted."""
-        response = _checked(await self._ask(addr, RequestCode.GET_BROKER_CONFIG, {}))
+        response = checked(await self._ask(addr, RequestCode.GET_BROKER_CONFIG, {}))
         return parse_properties_text(response.body.decode("utf-8", "replace"))
 
     async def update_broker_config(self, addr: str, changes: Mapping[str, str]) -> None:
@@ -168,7 +170,7 @@ class GroupAdmin:
         """
         body = "".join(f"{key}={value}\n" for key, value in changes.items()).encode()
         cmd = RemotingCommand(code=RequestCode.UPDATE_BROKER_CONFIG, body=body)
-        _checked(await self._broker(addr, cmd))
+        checked(await self._broker(addr, cmd))
 
     async def broker_stats(self, addr: str, stats_name: str, stats_key: str) -> BrokerStatsData:
         """VIEW_BROKER_STATS_DATA: minute/hour/day figures of one statistic (TOPIC_PUT_NUMS by
@@ -178,7 +180,7 @@ class GroupAdmin:
             SystemErrorError: the broker has no such figures."""
         header = ViewBrokerStatsDataRequestHeader(stats_name=stats_name, stats_key=stats_key)
         response = await self._ask(addr, RequestCode.VIEW_BROKER_STATS_DATA, header.to_fields())
-        return BrokerStatsData.from_json(_checked(response).body)
+        return BrokerStatsData.from_json(checked(response).body)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -195,7 +197,7 @@ class GroupAdmin:
         else:
             addrs = await self.master_addresses()
         header = GetProducerConnectionListRequestHeader(producer_group=group)
-        found: dict[tuple[str, str], object] = {}
+        seen: set[tuple[str, str]] = set()
         connections = []
         error: BrokerError | None = None
         for addr in addrs:
@@ -206,7 +208,8 @@ class GroupAdmin:
                 error = error_for_code(response.code, response.remark)
                 continue
             for conn in ProducerConnection.from_json(response.body).connection_set:
-                if found.setdefault((conn.client_id, conn.client_addr), conn) is conn:
+                if (conn.client_id, conn.client_addr) not in seen:
+                    seen.add((conn.client_id, conn.client_addr))
                     connections.append(conn)
         if not connections and error is not None:
             raise error
@@ -275,7 +278,7 @@ class GroupAdmin:
             response = await self._ask(
                 addr, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, header.to_fields()
             )
-            groups.update(GroupList.from_json(_checked(response).body).group_list)
+            groups.update(GroupList.from_json(checked(response).body).group_list)
         return sorted(groups)
 
     async def consume_time_span(self, group: str, topic: str) -> list[QueueTimeSpan]:
@@ -289,7 +292,7 @@ class GroupAdmin:
                 addr, RequestCode.QUERY_CONSUME_TIME_SPAN, header.to_fields()
             )
             spans.extend(
-                QueryConsumeTimeSpanBody.from_json(_checked(response).body).consume_time_span_set
+                QueryConsumeTimeSpanBody.from_json(checked(response).body).consume_time_span_set
             )
         return sorted(spans, key=lambda span: span.message_queue)
 
@@ -302,7 +305,7 @@ class GroupAdmin:
         names: set[str] = set()
         for addr in await self.master_addresses():
             response = await self._ask(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {})
-            doc = load_object(_checked(response).body, "SubscriptionGroupWrapper")
+            doc = load_object(checked(response).body, "SubscriptionGroupWrapper")
             table = doc.get("subscriptionGroupTable") or {}
             if isinstance(table, dict):
                 names.update(str(name) for name in table)
@@ -317,9 +320,7 @@ class GroupAdmin:
         header = DeleteSubscriptionGroupRequestHeader(group_name=group, clean_offset=remove_offset)
         addrs = await self.master_addresses(cluster)
         for addr in addrs:
-            _checked(
-                await self._ask(addr, RequestCode.DELETE_SUBSCRIPTIONGROUP, header.to_fields())
-            )
+            checked(await self._ask(addr, RequestCode.DELETE_SUBSCRIPTIONGROUP, header.to_fields()))
         return addrs
 
     # -- offsets -----------------------------------------------------------------------------
@@ -338,7 +339,7 @@ class GroupAdmin:
             response = await self._ask(
                 addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, header.to_fields()
             )
-            table.update(ResetOffsetBody.from_json(_checked(response).body).offset_table)
+            table.update(ResetOffsetBody.from_json(checked(response).body).offset_table)
         return dict(sorted(table.items()))
 
     async def reset_offset_to(
@@ -359,7 +360,7 @@ class GroupAdmin:
                 RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
                 header.to_fields(),
             )
-            table.update(ResetOffsetBody.from_json(_checked(response).body).offset_table)
+            table.update(ResetOffsetBody.from_json(checked(response).body).offset_table)
         return table
 
     # -- messages ----------------------------------------------------------------------------
@@ -389,7 +390,7 @@ class GroupAdmin:
         cmd = RemotingCommand(
             code=RequestCode.SEND_MESSAGE, ext_fields=header.to_fields(), body=message.body
         )
-        _checked(await self._broker(await self._master_of(message.broker_name), cmd))
+        checked(await self._broker(await self._master_of(message.broker_name), cmd))
         return message
 
     async def _master_of(self, broker_name: str) -> str:
@@ -435,7 +436,7 @@ class GroupAdmin:
             topic=mq.topic, queue_id=mq.queue_id, timestamp=timestamp_ms
         )
         response = await self._ask(addr, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, header.to_fields())
-        return OffsetResponseHeader.from_fields(_checked(response).ext_fields).offset
+        return OffsetResponseHeader.from_fields(checked(response).ext_fields).offset
 
     async def _messages_between(
         self, addr: str, mq: MessageQueue, begin_ms: int, end_ms: int, max_count: int
@@ -459,7 +460,7 @@ class GroupAdmin:
                 break
             # Any other refusal (no permission, unknown group) is the caller's to see, not an
             # empty result.
-            if not _checked(response).body:
+            if not checked(response).body:
                 break
             batch = [
                 MessageExt.from_stored(r, mq.broker_name) for r in decode_records(response.body)

@@ -267,8 +267,7 @@ class PushConsumer(ConcurrentConsumption, OrderlyConsumption):
 
     def reset_offsets(self, table: Mapping[MessageQueue, int]) -> None:
         """An admin reset (RESET_CONSUMER_CLIENT_OFFSET): see client/reset_offset.py."""
-        args = (self._rebalance_lock, self._queues, self._offsets, self._start_queue, table)
-        self._spawn(reset_queues(*args))
+        self._spawn(reset_queues(self._rebalance_lock, self._queues, self._start_queue, table))
 
     @property
     def undecodable_count(self) -> int:

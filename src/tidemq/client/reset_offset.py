@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from tidemq.protocol.bodies import MessageQueue
 
 from .assignment import OwnedQueue
-from .offset_store import OffsetTable
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +25,7 @@ logger = logging.getLogger(__name__)
 async def reset_queues(
     lock: asyncio.Lock,
     queues: dict[MessageQueue, OwnedQueue],
-    _offsets: OffsetTable,  # start_queue records the owned queues' offsets in it
-    start_queue: Callable[[MessageQueue, int], None],
+    start_queue: Callable[[MessageQueue, int], None],  # also records the queue's new offset
     table: Mapping[MessageQueue, int],
 ) -> None:
     async with lock:

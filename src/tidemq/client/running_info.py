@@ -32,8 +32,9 @@ from tidemq.protocol.headers_admin import (
 )
 from tidemq.remoting.connection import Connection
 
-if TYPE_CHECKING:  # assignment imports the instance, which imports this module
+if TYPE_CHECKING:  # consumer.py and instance.py (which assignment.py imports) import this
     from .assignment import OwnedQueue
+    from .consumer import PushConsumer
     from .offset_store import OffsetTable
 
 logger = logging.getLogger(__name__)
@@ -93,22 +94,19 @@ _SETTINGS = (
 )
 
 
-def settings_of(consumer: object, started_at_ms: int, threads: int) -> dict[str, object]:
+def settings_of(consumer: PushConsumer, started_at_ms: int, threads: int) -> dict[str, object]:
     """Upstream's PROP_* keys and the push consumer's settings (its public attributes)."""
     settings: dict[str, object] = {
         ba.PROP_CONSUMER_START_TIMESTAMP: started_at_ms,
         ba.PROP_THREADPOOL_CORE_SIZE: threads,
     }
     for name in _SETTINGS:
-        value = getattr(consumer, name, None)
-        if value is not None:
-            key = "consumerGroup" if name == "group" else _camel(name)
-            settings[key] = getattr(value, "name", value)
-    settings[ba.PROP_CONSUME_ORDERLY] = bool(getattr(consumer, "orderly", False))
-    instance = getattr(consumer, "instance", None)
-    if instance is not None:
-        settings[ba.PROP_NAMESERVER_ADDR] = ";".join(instance.namesrv_addrs)
-        settings["clientId"] = instance.client_id
+        value = getattr(consumer, name)
+        key = "consumerGroup" if name == "group" else _camel(name)
+        settings[key] = getattr(value, "name", value)  # an enum by its name
+    settings[ba.PROP_CONSUME_ORDERLY] = consumer.orderly
+    settings[ba.PROP_NAMESERVER_ADDR] = ";".join(consumer.instance.namesrv_addrs)
+    settings["clientId"] = consumer.instance.client_id
     return settings
 
 

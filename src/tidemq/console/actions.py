@@ -22,13 +22,12 @@ from typing import Final
 from tidemq.client import api
 from tidemq.client.admin import Admin
 from tidemq.client.message import MessageExt
-from tidemq.client.route_cache import MASTER_ID, subscribe_queues
+from tidemq.client.route_cache import master_addresses, subscribe_queues
 from tidemq.errors import QueueError
 from tidemq.protocol import message as pm
-from tidemq.protocol.bodies import ConsumeStats, MessageQueue, TopicRouteData
+from tidemq.protocol.bodies import MessageQueue
 from tidemq.protocol.bodies_admin import ResetOffsetBody
 from tidemq.protocol.codes import RequestCode
-from tidemq.protocol.headers import GetConsumeStatsRequestHeader
 from tidemq.protocol.headers_admin import ResetOffsetRequestHeader
 
 from . import reads
@@ -66,36 +65,12 @@ class BrokerOutcome:
     error: str = ""
 
 
-def _masters(route: TopicRouteData) -> dict[str, str]:
-    """Broker name → master address, from the topic's route."""
-    return {
-        b.broker_name: b.broker_addrs[MASTER_ID]
-        for b in route.broker_datas
-        if MASTER_ID in b.broker_addrs
-    }
-
-
 async def current_offsets(admin: Admin, group: str, topic: str) -> dict[MessageQueue, int]:
-    """The group's committed offsets on `topic`: one GET_CONSUME_STATS per master, side by
-    side (not one request per queue). A broker where the group has none answers not-found."""
-    masters = _masters(await reads.route(admin, topic))
-    header = GetConsumeStatsRequestHeader(consumer_group=group, topic=topic).to_fields()
-    answers = await asyncio.gather(
-        *(
-            reads.bounded(reads.invoke(admin, a, RequestCode.GET_CONSUME_STATS, header))
-            for a in masters.values()
-        ),
-        return_exceptions=True,
-    )
-    table: dict[MessageQueue, int] = {}
-    for answer in answers:
-        if isinstance(answer, QueueError) and reads.is_not_found(answer):
-            continue
-        if isinstance(answer, BaseException):
-            raise answer
-        stats = ConsumeStats.from_json(answer).offset_table
-        table.update({q: o.consumer_offset for q, o in stats.items() if q.topic == topic})
-    return table
+    """The group's committed offsets on `topic`: one GET_CONSUME_STATS per master of the
+    topic (not one request per queue)."""
+    masters = master_addresses(await reads.route(admin, topic))
+    stats = await reads.consume_stats(admin, masters.values(), group, topic)
+    return {q: o.consumer_offset for q, o in stats.items() if q.topic == topic}
 
 
 async def reset_plan(admin: Admin, group: str, topic: str, timestamp_ms: int) -> Plan:
@@ -121,7 +96,7 @@ async def reset_apply(
     """INVOKE_BROKER_TO_RESET_OFFSET on each master of the topic, side by side: each stores the
     offsets and tells the group's live consumers. Shielded: once sent, no timeout or dropped
     connection cancels a broker's part half way; the page reports each broker's outcome."""
-    masters = _masters(await reads.route(admin, topic))
+    masters = master_addresses(await reads.route(admin, topic))
     before = await current_offsets(admin, group, topic)
     header = ResetOffsetRequestHeader(
         topic=topic, group=group, timestamp=timestamp_ms, is_force=True
@@ -147,9 +122,9 @@ async def reset_apply(
 
 
 async def delete_group(admin: Admin, group: str) -> list[str]:
-    """DELETE_SUBSCRIPTIONGROUP (with its offsets) on every master; the addresses asked.
-    Shielded: a started delete is finished on every master."""
-    return await asyncio.shield(admin.delete_group(group))
+    """DELETE_SUBSCRIPTIONGROUP with its offsets (removeOffset) on every master; the
+    addresses asked. Shielded: a started delete is finished on every master."""
+    return await asyncio.shield(admin.delete_group(group, remove_offset=True))
 
 
 def retry_topic_of(message: MessageExt) -> str:

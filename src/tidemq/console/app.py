@@ -80,8 +80,7 @@ def create_app(
     answering requests whose Host is local, `bind_host` or one of `allowed_hosts` (guard.py)."""
 
     def make_admin() -> Admin:
-        addrs = [a.strip() for a in namesrv_addr.split(";") if a.strip()]
-        return Admin(addrs, credentials=credentials, tls=tls, timeout_ms=timeout_ms)
+        return Admin(namesrv_addr, credentials=credentials, tls=tls, timeout_ms=timeout_ms)
 
     hosts = guard.allowed_hosts(bind_host, allowed_hosts)
     console = Console(make_admin, guard.Guard(hosts))

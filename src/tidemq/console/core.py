@@ -13,6 +13,7 @@ import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qs
@@ -43,6 +44,17 @@ def _when(ms: int | str | None) -> str:
     if not ms or int(ms) <= 0:
         return "-"
     return dt.datetime.fromtimestamp(int(ms) / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteStep:
+    """One step of a write (module docstring of actions.py): the fields it sent, whether it is
+    the confirming one (a POST whose form says confirm=yes, the only step that writes), and the
+    403 page when the POST is not the console's own form."""
+
+    fields: dict[str, str]
+    confirmed: bool
+    refused: Response | None = None
 
 
 class BadInput(Exception):
@@ -110,11 +122,13 @@ class Console:
             await self._admin.shutdown()
 
     async def page(
-        self, request: Request, name: str, build: Build, timeout_s: float | None = PAGE_TIMEOUT_S
+        self, request: Request, name: str, build: Build, *, writes: bool = False
     ) -> Response:
         """Render template `name` with what `build` gathers, or the error page that says why.
-        A write passes timeout_s=None: it is never cut off half done (each of its requests has
-        the Admin's own timeout), so its page can say what was done on every broker."""
+        Reads have PAGE_TIMEOUT_S; a page that `writes` has no deadline: it is never cut off
+        half done (each of its requests has the Admin's own timeout), so it can say what was
+        done on every broker."""
+        timeout_s = None if writes else PAGE_TIMEOUT_S
         try:
             async with asyncio.timeout(timeout_s):
                 context = await build(self.admin)
@@ -130,15 +144,16 @@ class Console:
             return self.error(request, 502, str(error) or type(error).__name__)
         return self.templates.TemplateResponse(request, name, context)
 
-    async def write_form(self, request: Request) -> tuple[dict[str, str], Response | None]:
+    async def write_form(self, request: Request) -> WriteStep:
         """A write step's fields (a GET's query, a POST's form) and, for a POST that is not the
         console's own confirm form (guard.py), the 403 page refusing it."""
         if request.method != "POST":
-            return dict(request.query_params), None
+            return WriteStep(dict(request.query_params), confirmed=False)
         fields = await form_of(request)
+        confirmed = fields.get("confirm") == "yes"
         if (why := self.guard.refusal(request, fields)) is not None:
-            return fields, self.error(request, 403, why)
-        return fields, None
+            return WriteStep(fields, confirmed, self.error(request, 403, why))
+        return WriteStep(fields, confirmed)
 
     def error(self, request: Request, status: int, text: str) -> Response:
         context = {"status": status, "text": text}

@@ -39,7 +39,7 @@ class Handlers:
 
         async def build(admin: Admin) -> dict[str, Any]:
             row = await reads.broker(admin, addr)
-            return {"b": row, "config": await reads.broker_config(admin, addr)}
+            return {"b": row, "config": await admin.broker_config(addr)}
 
         return await self._c.page(request, "broker.html", build)
 
@@ -63,7 +63,7 @@ class Handlers:
                 "route": route,
                 "page": reads.paginate(queues, number(request)),
                 "total_messages": sum(q.max_offset - q.min_offset for q in queues),
-                "groups": await reads.topic_consumers(admin, topic),
+                "groups": await admin.topic_consumers(topic),
                 "live": ("topic", topic),
             }
 
@@ -73,7 +73,7 @@ class Handlers:
 
     async def groups(self, request: Request) -> Response:
         async def build(admin: Admin) -> dict[str, Any]:
-            return {"page": reads.paginate(await reads.group_names(admin), number(request))}
+            return {"page": reads.paginate(await admin.groups(), number(request))}
 
         return await self._c.page(request, "groups.html", build)
 
@@ -83,7 +83,7 @@ class Handlers:
         async def build(admin: Admin) -> dict[str, Any]:
             offsets = await reads.group_offsets(admin, group)
             clients = await reads.group_clients(admin, group)
-            if not offsets and not clients and group not in await reads.group_names(admin):
+            if not offsets and not clients and group not in await admin.groups():
                 raise reads.NotFound("group", group)
             return {
                 "group": group,
@@ -97,13 +97,12 @@ class Handlers:
         return await self._c.page(request, "group.html", build)
 
     async def reset(self, request: Request) -> Response:
-        fields, refused = await self._c.write_form(request)
-        if refused is not None:
-            return refused
+        step = await self._c.write_form(request)
+        if step.refused is not None:
+            return step.refused
         group = request.path_params["group"]
-        topic = fields.get("topic", "").strip()
-        when = time_field(fields, "time")
-        confirmed = request.method == "POST" and fields.get("confirm") == "yes"
+        topic = step.fields.get("topic", "").strip()
+        when = time_field(step.fields, "time")
 
         async def build(admin: Admin) -> dict[str, Any]:
             context: dict[str, Any] = {"group": group, "topic": topic, "time": when}
@@ -113,34 +112,29 @@ class Handlers:
                 return context
             ms = parse_time(when)
             context["ms"] = ms
-            if confirmed:
+            if step.confirmed:
                 context["done"] = await actions.reset_apply(admin, group, topic, ms)
             else:
                 context["plan"] = await actions.reset_plan(admin, group, topic, ms)
                 context["clients"] = await reads.group_clients(admin, group)
             return context
 
-        return await self._c.page(
-            request, "reset.html", build, None if confirmed else PAGE_TIMEOUT_S
-        )
+        return await self._c.page(request, "reset.html", build, writes=step.confirmed)
 
     async def delete(self, request: Request) -> Response:
-        fields, refused = await self._c.write_form(request)
-        if refused is not None:
-            return refused
+        step = await self._c.write_form(request)
+        if step.refused is not None:
+            return step.refused
         group = request.path_params["group"]
-        confirmed = request.method == "POST" and fields.get("confirm") == "yes"
 
         async def build(admin: Admin) -> dict[str, Any]:
-            if confirmed:
+            if step.confirmed:
                 return {"group": group, "done": await actions.delete_group(admin, group)}
-            if group not in await reads.group_names(admin):
+            if group not in await admin.groups():
                 raise reads.NotFound("group", group)
             return {"group": group}
 
-        return await self._c.page(
-            request, "delete.html", build, None if confirmed else PAGE_TIMEOUT_S
-        )
+        return await self._c.page(request, "delete.html", build, writes=step.confirmed)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -173,33 +167,30 @@ class Handlers:
             return {
                 "m": message,
                 "body": reads.Body.of(message.body),
-                "groups": await reads.group_names(admin),
+                "groups": await admin.groups(),
             }
 
         return await self._c.page(request, "message.html", build)
 
     async def resend(self, request: Request) -> Response:
-        fields, refused = await self._c.write_form(request)
-        if refused is not None:
-            return refused
-        msg_id, group = fields.get("id", ""), fields.get("group", "").strip()
-        confirmed = request.method == "POST" and fields.get("confirm") == "yes"
+        step = await self._c.write_form(request)
+        if step.refused is not None:
+            return step.refused
+        msg_id, group = step.fields.get("id", ""), step.fields.get("group", "").strip()
 
         async def build(admin: Admin) -> dict[str, Any]:
             if not group:
                 raise BadInput("No group to resend to.")
-            message = await reads.message_by_id(admin, msg_id, fields.get("topic", ""))
+            message = await reads.message_by_id(admin, msg_id, step.fields.get("topic", ""))
             context: dict[str, Any] = {"m": message, "group": group}
-            if confirmed:
+            if step.confirmed:
                 context["sent"] = await actions.resend(admin, message, group)
             else:
                 context["retry_topic"] = pm.retry_topic(group)
                 context["origin"] = actions.retry_topic_of(message)
             return context
 
-        return await self._c.page(
-            request, "resend.html", build, None if confirmed else PAGE_TIMEOUT_S
-        )
+        return await self._c.page(request, "resend.html", build, writes=step.confirmed)
 
     # -- dead letters, transactions --------------------------------------------------------------
 

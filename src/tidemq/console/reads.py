@@ -14,7 +14,7 @@ ever pulled does not have.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -37,10 +37,7 @@ from tidemq.protocol.bodies import ConsumeStats, MessageQueue, OffsetWrapper, To
 from tidemq.protocol.bodies_admin import ClientConnection
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
-from tidemq.protocol.headers import (
-    GetConsumeStatsRequestHeader,
-    PullSysFlag,
-)
+from tidemq.protocol.headers import GetConsumeStatsRequestHeader, PullSysFlag
 from tidemq.protocol.message_id import decode_offset_msg_id
 
 # Rows of one table page: a topic of 10,000 queues renders in slices of this many.
@@ -189,20 +186,15 @@ async def broker(admin: Admin, addr: str) -> BrokerRow:
     raise NotFound("broker", addr)
 
 
-async def broker_config(admin: Admin, addr: str) -> dict[str, str]:
-    """The broker's settings (GET_BROKER_CONFIG; the broker redacts secrets)."""
-    return await admin.broker_config(addr)
-
-
 # -- topics ------------------------------------------------------------------------------------
 
 
 def topic_kind(topic: str) -> str:
-    if topic.startswith(pm.RETRY_GROUP_TOPIC_PREFIX):
+    if pm.is_retry_topic(topic):
         return "retry"
-    if topic.startswith(pm.DLQ_GROUP_TOPIC_PREFIX):
+    if pm.is_dlq_topic(topic):
         return "dlq"
-    if topic.startswith(("RMQ_SYS_", "SCHEDULE_TOPIC", "TBW102")) or topic in ("SELF_TEST_TOPIC",):
+    if topic.startswith(("RMQ_SYS_", "SCHEDULE_TOPIC", pm.TBW102)) or topic == pm.SELF_TEST_TOPIC:
         return "system"
     return "normal"
 
@@ -226,7 +218,7 @@ class QueueRow:
 
 
 async def topic_queues(admin: Admin, topic: str) -> list[QueueRow]:
-    await route(admin, topic)
+    """The queues of `topic`, which the caller knows exists (`route`)."""
     stats = await admin.topic_stats(topic)
     return [
         QueueRow(mq.broker_name, mq.queue_id, o.min_offset, o.max_offset, o.last_update_timestamp)
@@ -234,18 +226,7 @@ async def topic_queues(admin: Admin, topic: str) -> list[QueueRow]:
     ]
 
 
-async def topic_consumers(admin: Admin, topic: str) -> list[str]:
-    """Groups consuming `topic` (QUERY_TOPIC_CONSUME_BY_WHO over its brokers)."""
-    await route(admin, topic)
-    return await admin.topic_consumers(topic)
-
-
 # -- groups ------------------------------------------------------------------------------------
-
-
-async def group_names(admin: Admin) -> list[str]:
-    """Every subscription group of every master (online groups are among them)."""
-    return await admin.groups()
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,16 +241,14 @@ class LagRow:
         return max(self.broker_offset - max(self.consumer_offset, 0), 0)
 
 
-async def group_offsets(admin: Admin, group: str) -> list[LagRow]:
-    """The group's offsets on every topic of every master (GET_CONSUME_STATS without a topic):
-    Admin.consume_stats only asks the brokers of the retry topic."""
-    header = GetConsumeStatsRequestHeader(consumer_group=group)
-    addrs = await admin.master_addresses()
+async def consume_stats(
+    admin: Admin, addrs: Iterable[str], group: str, topic: str | None = None
+) -> dict[MessageQueue, OffsetWrapper]:
+    """The group's offsets on `topic` (every topic when None) from the brokers at `addrs`:
+    GET_CONSUME_STATS to each, side by side, merged."""
+    fields = GetConsumeStatsRequestHeader(consumer_group=group, topic=topic).to_fields()
     answers = await asyncio.gather(
-        *(
-            bounded(invoke(admin, addr, RequestCode.GET_CONSUME_STATS, header.to_fields()))
-            for addr in addrs
-        ),
+        *(bounded(invoke(admin, a, RequestCode.GET_CONSUME_STATS, fields)) for a in addrs),
         return_exceptions=True,
     )
     table: dict[MessageQueue, OffsetWrapper] = {}
@@ -279,6 +258,13 @@ async def group_offsets(admin: Admin, group: str) -> list[LagRow]:
         if isinstance(answer, BaseException):
             raise answer  # a broker that fails: the page says so, not a shorter table
         table.update(ConsumeStats.from_json(answer).offset_table)
+    return table
+
+
+async def group_offsets(admin: Admin, group: str) -> list[LagRow]:
+    """The group's offsets on every topic of every master (GET_CONSUME_STATS without a topic):
+    Admin.consume_stats only asks the brokers of the retry topic."""
+    table = await consume_stats(admin, await admin.master_addresses(), group)
     return [
         LagRow(mq, o.broker_offset, o.consumer_offset, o.last_timestamp)
         for mq, o in sorted(table.items())
@@ -456,6 +442,7 @@ async def counters(admin: Admin, kind: str, name: str) -> dict[str, int]:
     if kind == "cluster":
         return _cluster_counters(await brokers(admin))
     if kind == "topic":
+        await route(admin, name)
         return {"in msgs": sum(q.max_offset for q in await topic_queues(admin, name))}
     if kind == "group":
         rows_ = await group_offsets(admin, name)

@@ -1,5 +1,5 @@
-"""Metric families both servers export: RPC latency (RocketMQ 5's rocketmq_rpc_latency) and the
-event-loop lag. Built at scrape time from the plain counters that own them.
+"""Metric families both servers export: RPC latency (RocketMQ 5's rocketmq_rpc_latency), the
+event-loop lag and the GC pauses. Built at scrape time from the plain counters that own them.
 
 rocketmq_rpc_latency is upstream's histogram in milliseconds, labelled protocol_type=remoting,
 request_code and response_code (their names in lower case, as upstream's REQUEST_CODE_MAP; a
@@ -34,7 +34,19 @@ def response_code_name(code: int) -> str:
     return _RESPONSE_NAMES.get(code, str(code))
 
 
-def rpc_latency(observer: RpcLatency | None, base: Sequence[tuple[str, str]]) -> Iterator[Metric]:
+def cumulative_buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+    """A Prometheus histogram's (le, cumulative count) pairs from per-bucket counts: one count
+    per bound, then the +Inf one at `counts[len(bounds)]` (a slot after it is not read)."""
+    cumulative = 0
+    buckets: list[tuple[str, float]] = []
+    for bound, count in zip(bounds, counts, strict=False):
+        cumulative += count
+        buckets.append((str(float(bound)), cumulative))
+    buckets.append(("+Inf", cumulative + counts[len(bounds)]))
+    return buckets
+
+
+def rpc_latency(observer: RpcLatency, base: Sequence[tuple[str, str]]) -> Iterator[Metric]:
     """rocketmq_rpc_latency from `observer`'s buckets; `base`: the server's own labels."""
     names = [name for name, _ in base]
     values = [value for _, value in base]
@@ -42,32 +54,22 @@ def rpc_latency(observer: RpcLatency | None, base: Sequence[tuple[str, str]]) ->
         "rocketmq_rpc_latency",
         "Time from a request's dispatch to its answer, in milliseconds",
         labels=[*names, "protocol_type", "request_code", "response_code", "result"],
-        unit="",
     )
-    if observer is not None:
-        for (request, response), counts in observer.buckets.items():
-            cumulative = 0
-            buckets: list[tuple[str, float]] = []
-            for bound, count in zip(RPC_LATENCY_BOUNDS_MS, counts, strict=False):
-                cumulative += count
-                buckets.append((str(float(bound)), cumulative))
-            cumulative += counts[len(RPC_LATENCY_BOUNDS_MS)]
-            buckets.append(("+Inf", cumulative))
-            labels = [
-                *values,
-                "remoting",
-                request_code_name(request),
-                response_code_name(response),
-                "success",
-            ]
-            family.add_metric(labels, buckets, sum_value=counts[-1] / 1e6)
+    for (request, response), counts in observer.buckets.items():
+        labels = [
+            *values,
+            "remoting",
+            request_code_name(request),
+            response_code_name(response),
+            "success",
+        ]
+        buckets = cumulative_buckets(RPC_LATENCY_BOUNDS_MS, counts)
+        family.add_metric(labels, buckets, sum_value=counts[-1] / 1e6)
     yield family
 
 
-def loop_lag(monitor: LoopLagMonitor | None, base: Sequence[tuple[str, str]]) -> Iterator[Metric]:
+def loop_lag(monitor: LoopLagMonitor, base: Sequence[tuple[str, str]]) -> Iterator[Metric]:
     """tidemq_event_loop_lag_seconds{quantile}: the last minute's p50, p99 and max (1)."""
-    if monitor is None:
-        return
     family = GaugeMetricFamily(
         "tidemq_event_loop_lag_seconds",
         "How late the event loop ran a due timer, over the last minute (quantile 1: the max)",
@@ -86,10 +88,8 @@ def loop_lag(monitor: LoopLagMonitor | None, base: Sequence[tuple[str, str]]) ->
     yield over
 
 
-def gc_pauses(pauses: GcPauses | None, base: Sequence[tuple[str, str]]) -> Iterator[Metric]:
+def gc_pauses(pauses: GcPauses, base: Sequence[tuple[str, str]]) -> Iterator[Metric]:
     """tidemq_gc_pause_seconds{generation}: every cyclic-GC pause of the process since start."""
-    if pauses is None:
-        return
     family = HistogramMetricFamily(
         "tidemq_gc_pause_seconds",
         "How long each garbage collection stopped the process, by generation (2: full)",
@@ -97,11 +97,6 @@ def gc_pauses(pauses: GcPauses | None, base: Sequence[tuple[str, str]]) -> Itera
     )
     values = [value for _, value in base]
     for generation, counts in enumerate(pauses.counts):
-        cumulative = 0
-        buckets: list[tuple[str, float]] = []
-        for bound, count in zip(GC_PAUSE_BOUNDS_S, counts, strict=False):
-            cumulative += count
-            buckets.append((str(bound), cumulative))
-        buckets.append(("+Inf", cumulative + counts[-1]))
+        buckets = cumulative_buckets(GC_PAUSE_BOUNDS_S, counts)
         family.add_metric([*values, str(generation)], buckets, pauses.sums[generation])
     yield family

@@ -84,7 +84,6 @@ def quote_keys(data: bytes) -> bytes:
 
 
 _QUOTE: Final = 0x22
-_BACKSLASH: Final = 0x5C
 _OPEN_OBJ: Final = 0x7B
 _CLOSE_OBJ: Final = 0x7D
 _OPEN_ARR: Final = 0x5B
@@ -92,44 +91,26 @@ _CLOSE_ARR: Final = 0x5D
 _COLON: Final = 0x3A
 _COMMA: Final = 0x2C
 
-
-def _string_end(data: bytes, start: int) -> int:
-    """Index just past the string literal opening at `start`."""
-    i = start + 1
-    n = len(data)
-    while i < n:
-        c = data[i]
-        if c == _BACKSLASH:
-            i += 2
-        elif c == _QUOTE:
-            return i + 1
-        else:
-            i += 1
-    raise ProtocolError("unterminated string in JSON body")
+# A string literal, a quote that opens no terminated string (a lone `"`), or one structural
+# character: what the scanner below stops at.
+_TOKEN: Final = re.compile(rb'"(?:[^"\\]|\\.)*"|["{}\[\]:,]', re.DOTALL)
 
 
 def _container_end(data: bytes, start: int) -> int:
     """Index just past the object or array opening at `start` (strings stepped over)."""
     depth = 0
-    i = start
-    n = len(data)
-    while i < n:
-        c = data[i]
+    for match in _TOKEN.finditer(data, start):
+        c = data[match.start()]
         if c == _QUOTE:
-            i = _string_end(data, i)
-            continue
-        if c in (_OPEN_OBJ, _OPEN_ARR):
+            if match.end() - match.start() == 1:
+                raise ProtocolError("unterminated string in JSON body")
+        elif c in (_OPEN_OBJ, _OPEN_ARR):
             depth += 1
         elif c in (_CLOSE_OBJ, _CLOSE_ARR):
             depth -= 1
             if depth == 0:
-                return i + 1
-        i += 1
+                return match.end()
     raise ProtocolError("unbalanced JSON body")
-
-
-# A string literal or one structural character: what the scanner below stops at.
-_TOKEN: Final = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]', re.DOTALL)
 
 
 def quote_object_keys(data: bytes) -> bytes:
@@ -150,9 +131,7 @@ def quote_object_keys(data: bytes) -> bytes:
         start = match.start()
         c = data[start]
         pos = match.end()
-        if c == _QUOTE:
-            if not data.endswith(b'"', 0, pos) or pos - start < 2:
-                raise ProtocolError("unterminated string in JSON body")
+        if c == _QUOTE:  # a string; or a lone quote, left as it is for orjson to judge
             continue
         if c == _OPEN_OBJ and expecting_key and expecting_key[-1]:
             end = _container_end(data, start)

@@ -27,7 +27,6 @@ from typing import Any, Self, TypeVar
 
 from tidemq.protocol._json import (
     ObjectReader,
-    as_list,
     as_object,
     dump,
     load_key_object,
@@ -211,10 +210,9 @@ def read_queue_map(value: Any, what: str, item: Callable[[Any, str], T]) -> dict
     if value is None:
         return {}
     if isinstance(value, list):
-        rows = as_list(value, what)
         return {
             MessageQueue.from_dict(row, f"{what}[{i}]"): item(row, f"{what}[{i}]")
-            for i, row in enumerate(rows)
+            for i, row in enumerate(value)
         }
     table: dict[MessageQueue, T] = {}
     for key, element in as_object(value, what).items():

@@ -33,12 +33,13 @@ from typing import Any, Final
 from tidemq.errors import ClientError, ProtocolError
 from tidemq.limits import FRAME_SIZE_MAX
 
-from .message_batch import deflate, inflate, inflated_size
+from .message import SysFlag
+from .message_batch import INFLATE_CHECK_CHUNK_BYTES, deflate, inflate, inflated_size
 
-TYPE_MASK: Final = 0x700
-LZ4: Final = 0x100
-ZSTD: Final = 0x200
-ZLIB: Final = 0x300
+TYPE_MASK: Final = SysFlag.COMPRESSION_TYPE_MASK
+LZ4: Final = SysFlag.COMPRESSION_LZ4
+ZSTD: Final = SysFlag.COMPRESSION_ZSTD
+ZLIB: Final = SysFlag.COMPRESSION_ZLIB
 
 # The producer's `compression` names and their type bits (zlib keeps 0, as 4.x clients send).
 CODEC_BITS: Final[dict[str, int]] = {"zlib": 0, "lz4": LZ4, "zstd": ZSTD}
@@ -47,8 +48,8 @@ _PACKAGES: Final[dict[int, str]] = {LZ4: "lz4", ZSTD: "zstandard"}
 SAMPLE_BYTES: Final = 1024
 SAMPLE_RATIO_MAX: Final = 0.9
 RESULT_RATIO_MAX: Final = 0.95
-# Output bytes per step when an LZ4 body's size is checked without holding it.
-_CHECK_CHUNK_BYTES: Final = 256 * 1024
+# Output bytes per step when an LZ4 body's size is checked without holding it: zlib's step.
+_CHECK_CHUNK_BYTES: Final = INFLATE_CHECK_CHUNK_BYTES
 
 
 class CodecMissingError(ClientError):

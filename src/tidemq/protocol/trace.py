@@ -234,7 +234,7 @@ def _decode_sub_after(line: list[str]) -> TraceRecord:
         msg_id=_read_text(line[2]),
         cost_time=_read_int(line[3], "costTime"),
         success=_read_bool(line[4]),
-        keys=_read_text(line[5]) if len(line) > 5 else "",
+        keys=_read_text(line[5]),
         context_code=_read_int(line[6], "contextCode") if len(line) >= 7 else 0,
         timestamp=_read_int(line[7], "timestamp") if len(line) >= 8 else 0,
         group=_read_text(line[8]) if len(line) >= 9 else "",

@@ -113,17 +113,11 @@ class RpcLatency:
         started[id(request)] = perf_counter_ns()
 
     def end(self, request: RemotingCommand, response_code: int) -> None:
+        """`request` is answered: record it if `begin` timed it (a request deferred untimed, as
+        the coalesced sends, is not found: its caller records it)."""
         start = self._started.pop(id(request), None)
-        if start is None:
-            return
-        elapsed_ns = perf_counter_ns() - start
-        key = (request.code, response_code)
-        counts = self.buckets.get(key)
-        if counts is None:
-            counts = self.buckets[key] = [0] * (len(_BOUNDS_NS) + 2)
-        # `record`, inlined: every coalesced send ends here.
-        counts[0 if elapsed_ns <= _FIRST_BOUND_NS else bisect_left(_BOUNDS_NS, elapsed_ns)] += 1
-        counts[-1] += elapsed_ns
+        if start is not None:
+            self.record(request.code, response_code, perf_counter_ns() - start)
 
 
 class HandlerTable:

@@ -115,14 +115,9 @@ class ConsumeQueue:
             self._find_ends_in_one(files[0])
             return
         first_used = self._first_used(files[0])
-        if first_used is None and len(files) == 1:
-            self._min_index = self._max_index = files[0].start_offset // _ENTRY
-            files[0].wrote = files[0].flushed = 0
-            return
         self._min_index = (files[0].start_offset + (first_used or 0) * _ENTRY) // _ENTRY
         last = files[-1]
-        start = (first_used or 0) if len(files) == 1 else 0
-        end = self._first_unused(last, start)
+        end = self._first_unused(last)
         last.wrote = last.flushed = end * _ENTRY
         self._max_index = (last.start_offset + end * _ENTRY) // _ENTRY
 
@@ -162,15 +157,15 @@ class ConsumeQueue:
         return None
 
     @staticmethod
-    def _first_unused(mf: MappedFile, start: int) -> int:
-        """The first zero entry at or after `start`. Only the part of the file the filesystem
-        may hold data in is read (MappedFile.written_ranges): past it every entry is zero, so a
-        restart costs the entries written, not the file size, per queue."""
-        ranges = mf.written_ranges(start * _ENTRY)
+    def _first_unused(mf: MappedFile) -> int:
+        """The first zero entry. Only the part of the file the filesystem may hold data in is
+        read (MappedFile.written_ranges): past it every entry is zero, so a restart costs the
+        entries written, not the file size, per queue."""
+        ranges = mf.written_ranges(0)
         if not ranges:
-            return start
+            return 0
         stop = min(mf.size, -(-ranges[-1][1] // _ENTRY) * _ENTRY)
-        pos = start * _ENTRY
+        pos = 0
         while pos < stop:
             chunk = mf.peek(pos, min(_SCAN_CHUNK_BYTES, stop - pos))
             for n, (_phys, size, _tags) in enumerate(CONSUME_QUEUE_ENTRY.iter_unpack(chunk)):

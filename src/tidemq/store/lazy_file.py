@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Final
 
 from tidemq.errors import StoreError
-from tidemq.store.mapped_file import MappedFile, MappedFileQueue, fsync_dir
+from tidemq.store.mapped_file import MappedFile, MappedFileQueue, _pwrite_all, fsync_dir
 
 logger = logging.getLogger(__name__)
 
@@ -315,10 +315,7 @@ class LazyMappedFile(MappedFile):
         fd = self._cache.write_fd(self)
         if end > self._allocated:
             self._reserve(fd, end)
-        with memoryview(data) as view:
-            done = os.pwrite(fd, view, pos)
-            while done < len(view):  # a regular file takes all of it, barring a signal
-                done += os.pwrite(fd, view[done:], pos + done)
+        _pwrite_all(fd, data, pos)
 
     def _reserve(self, fd: int, end: int) -> None:
         """Reserve blocks up to `end` and a step beyond (`_write`); skipped if that fails."""

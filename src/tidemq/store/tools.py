@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from tidemq.errors import CorruptRecordError
+from tidemq.limits import CONSUME_QUEUE_ENTRY_SIZE
 from tidemq.protocol import record as rec
 from tidemq.store.checkpoint import Checkpoint, read_checkpoint
 from tidemq.store.commit_log import CommitLog, LogScanner
 from tidemq.store.consume_queue import ConsumeQueue
 from tidemq.store.lock import holder_pid
 from tidemq.store.mapped_file import SEGMENT_NAME_DIGITS
+from tidemq.store.queue_manifest import queue_dirs
 
 
 @dataclass(slots=True)
@@ -110,22 +112,19 @@ def _count_records(scanner: LogScanner, progress: Callable[[int], None] | None) 
 
 def _verify_queues(root: Path, log: CommitLog, report: VerifyReport) -> None:
     cq_root = root / "consumequeue"
-    if not cq_root.is_dir():
-        return
-    for topic_dir in sorted(p for p in cq_root.iterdir() if p.is_dir()):
-        for qdir in sorted(p for p in topic_dir.iterdir() if p.is_dir() and p.name.isdigit()):
-            entry_bytes = _segment_size(qdir)
-            if entry_bytes is None:
-                continue
-            cq = ConsumeQueue(
-                cq_root, topic_dir.name, int(qdir.name), entry_bytes // 20, read_only=True
-            )
-            cq.load()
-            report.consume_queues += 1
-            try:
-                _verify_queue(cq, log, report)
-            finally:
-                cq.close()
+    for topic, queue_id in queue_dirs(cq_root):
+        entry_bytes = _segment_size(cq_root / topic / str(queue_id))
+        if entry_bytes is None:
+            continue
+        cq = ConsumeQueue(
+            cq_root, topic, queue_id, entry_bytes // CONSUME_QUEUE_ENTRY_SIZE, read_only=True
+        )
+        cq.load()
+        report.consume_queues += 1
+        try:
+            _verify_queue(cq, log, report)
+        finally:
+            cq.close()
 
 
 def _verify_queue(cq: ConsumeQueue, log: CommitLog, report: VerifyReport) -> None:

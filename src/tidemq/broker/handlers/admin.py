@@ -35,7 +35,12 @@ from tidemq.broker.clients import ClientRegistry
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.config_file import render_config
 from tidemq.broker.groups import SubscriptionGroupTable
-from tidemq.broker.handlers.admin_ops import AdminOps, DayTotals, exporter_fields
+from tidemq.broker.handlers.admin_ops import (
+    AdminOps,
+    DayTotals,
+    client_connection,
+    exporter_fields,
+)
 from tidemq.broker.handlers.common import BrokerAddress, Refusal, guarded, slave_refusal_remark
 from tidemq.broker.handlers.ha_info import HAFields
 from tidemq.broker.offsets import ConsumerOffsetTable
@@ -54,7 +59,7 @@ from tidemq.protocol.bodies import (
     TopicOffset,
     TopicStatsTable,
 )
-from tidemq.protocol.bodies_admin import ClientConnection, ConsumerConnection
+from tidemq.protocol.bodies_admin import ConsumerConnection
 from tidemq.protocol.codes import RequestCode, ResponseCode
 from tidemq.protocol.frame import RemotingCommand
 from tidemq.protocol.headers import (
@@ -281,15 +286,7 @@ class AdminHandlers:
                 f"the consumer group[{header.consumer_group}] not online",
             )
         body = ConsumerConnection(
-            connection_set=[
-                ClientConnection(
-                    client_id=chan.client_id,
-                    client_addr=chan.connection.peer_text,
-                    language=chan.language,
-                    version=chan.version,
-                )
-                for chan in info.channels.values()
-            ],
+            connection_set=[client_connection(chan) for chan in info.channels.values()],
             subscription_table=dict(info.subscriptions),
             consume_type=info.consume_type,
             message_model=info.message_model,

@@ -41,7 +41,13 @@ from tidemq.broker.groups import SubscriptionGroupTable
 from tidemq.broker.handlers.common import Refusal, guarded, slave_refusal_remark
 from tidemq.broker.offsets import ConsumerOffsetTable
 from tidemq.broker.properties import parse_properties
-from tidemq.broker.stats import BROKER_GET_NUMS, BROKER_PUT_NUMS, STATS_NAMES, BrokerStats
+from tidemq.broker.stats import (
+    BROKER_GET_NUMS,
+    BROKER_PUT_NUMS,
+    STATS_NAMES,
+    BrokerStats,
+    StatsWindow,
+)
 from tidemq.broker.topics import TopicTable
 from tidemq.errors import ClientError
 from tidemq.protocol.bodies import MessageQueue
@@ -79,7 +85,7 @@ RUNNING_INFO_TIMEOUT_MS: Final = 3_000
 # The language a C++ client's heartbeat carries (remoting LanguageCode name).
 _CPP: Final = "CPP"
 
-# UPDATE_BROKER_CONFIG changes only these keys (broker.conf key → BrokerConfig field): settings
+# UPDATE_BROKER_CONFIG changes only these keys (broker.conf key → its ConfigKey): settings
 # whose one user reads them again on every use, so the change takes effect at once and whole.
 # diskMaxUsedSpaceRatio: the store's disk-full check (store.config, read per write and cleanup).
 # Any other key is refused, named in the remark, and nothing is applied: most settings are
@@ -87,7 +93,9 @@ _CPP: Final = "CPP"
 # limits of the send and replication paths), so changing the table would not change the broker.
 # Not written to broker.conf: the broker is not told which file it was started from; the remark
 # of the answer says so.
-LIVE_CONFIG_KEYS: Final = {"diskMaxUsedSpaceRatio": "disk_max_used_space_ratio_percent"}
+_LIVE_NAMES: Final = ("diskMaxUsedSpaceRatio",)
+LIVE_CONFIG_KEYS: Final = {key.name: key for key in KEYS if key.name in _LIVE_NAMES}
+assert len(LIVE_CONFIG_KEYS) == len(_LIVE_NAMES), "a run-time key missing from config_keys.KEYS"
 _NOT_PERSISTED: Final = "applied until restart (not written to broker.conf)"
 
 
@@ -116,6 +124,8 @@ class AdminOps:
         self._stats = stats
         self._clock_ms = now_ms
         self._on_config = on_config
+        # The RESET_CONSUMER_CLIENT_OFFSET writes under way, held so they are not collected; each
+        # ends with its connection at the latest (a write waiting to drain fails on close).
         self._tasks: set[asyncio.Task[None]] = set()
 
     def register(self, table: HandlerTable) -> None:
@@ -144,7 +154,7 @@ class AdminOps:
                 ResponseCode.SYSTEM_ERROR,
                 f"the producer group[{header.producer_group}] not exist",
             )
-        body = ProducerConnection([_connection_of(chan) for chan in channels])
+        body = ProducerConnection([client_connection(chan) for chan in channels])
         return request.response(ResponseCode.SUCCESS, body=body.to_json())
 
     async def consumed_by(
@@ -162,9 +172,9 @@ class AdminOps:
             raise Refusal(ResponseCode.SYSTEM_ERROR, f"The stats <{name}> <{key}> not exist")
         windows = self._stats.window(name, key)
         body = BrokerStatsData(
-            stats_minute=_item(windows.minute.sum, windows.minute.tps, windows.minute.avgpt),
-            stats_hour=_item(windows.hour.sum, windows.hour.tps, windows.hour.avgpt),
-            stats_day=_item(windows.day.sum, windows.day.tps, windows.day.avgpt),
+            stats_minute=_item(windows.minute),
+            stats_hour=_item(windows.hour),
+            stats_day=_item(windows.day),
         )
         return request.response(ResponseCode.SUCCESS, body=body.to_json())
 
@@ -339,9 +349,9 @@ class AdminOps:
             )
         values = {}
         for key, value in changes.items():
-            spec = next(k for k in KEYS if k.name == key)
+            spec = LIVE_CONFIG_KEYS[key]
             try:
-                values[LIVE_CONFIG_KEYS[key]] = spec.parse(value)
+                values[spec.field] = spec.parse(value)
             except ValueError as exc:
                 raise Refusal(ResponseCode.SYSTEM_ERROR, f"{key}={value!r}: {exc}") from None
         try:
@@ -357,13 +367,6 @@ class AdminOps:
             self._on_config(config)
         log.info("broker config changed at run time: %s", changes)
         return request.response(ResponseCode.SUCCESS, remark=_NOT_PERSISTED)
-
-    async def stop(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class DayTotals:
@@ -400,22 +403,11 @@ class DayTotals:
 
 def rates_text(stats: BrokerStats, name: str, key: str) -> str:
     """Upstream's "putTps"-style value: rates over 10 s, 1 min and 10 min, space separated. The
-    10 s rate is the last sampling interval's (`_last_interval_tps`), the minute's from the
-    minute window, the 10 min one from the hour window's 10-minute samples."""
+    10 s rate is the last sampling interval's, the minute's from the minute window, the 10 min
+    one from the hour window's 10-minute samples."""
     windows = stats.window(name, key)
-    ten_s = _last_interval_tps(stats, name, key)
+    ten_s = stats.last_interval_tps(name, key)
     return f"{ten_s:.2f} {windows.minute.tps:.2f} {windows.hour.tps:.2f}"
-
-
-def _last_interval_tps(stats: BrokerStats, name: str, key: str) -> float:
-    """The rate between the two latest samples of the minute ring, which the sampler takes
-    every 10 s (SAMPLE_INTERVAL_MS): upstream's 10 s figure. BrokerStats (the METRICS
-    helper's) offers no 10 s window, so this reads its ring; 0.0 before two samples."""
-    rings = stats._rings[name].get(key)
-    if rings is None or len(rings.minute) < 2:
-        return 0.0
-    (first_ms, first, _), (last_ms, last, _) = rings.minute[-2], rings.minute[-1]
-    return (last - first) * 1000 / (last_ms - first_ms) if last_ms > first_ms else 0.0
 
 
 # Runtime-info keys rocketmq-exporter parses (BrokerRuntimeStats: it fails on a missing one)
@@ -480,7 +472,8 @@ def exporter_fields(
 _GIB: Final = 1024**3
 
 
-def _connection_of(channel: ClientChannel) -> ClientConnection:
+def client_connection(channel: ClientChannel) -> ClientConnection:
+    """One connection of a ConsumerConnection or ProducerConnection body."""
     return ClientConnection(
         client_id=channel.client_id,
         client_addr=channel.connection.peer_text,
@@ -489,8 +482,8 @@ def _connection_of(channel: ClientChannel) -> ClientConnection:
     )
 
 
-def _item(total: int, tps: float, avgpt: float) -> BrokerStatsItem:
-    return BrokerStatsItem(sum=total, tps=tps, avgpt=avgpt)
+def _item(window: StatsWindow) -> BrokerStatsItem:
+    return BrokerStatsItem(sum=window.sum, tps=window.tps, avgpt=window.avgpt)
 
 
 async def _oneway(channel: ClientChannel, cmd: RemotingCommand) -> None:

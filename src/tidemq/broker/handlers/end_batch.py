@@ -12,7 +12,7 @@
     malformed header or body ─▶ SYSTEM_ERROR naming what is wrong
     lookup ─▶ the log end's durability awaited (below), then
         SUCCESS, body {"state": "NONE" | "DECIDED" | "COMMITTED", "txns", "brokers"}
-    batch.py SinkBatchResolver.end_batch_async: record first (in the request's turn), then
+    batch.py SinkBatchResolver.end_batch: record first (in the request's turn), then
     (commit, rollback) resolve the batch's halves in chunks, the loop running between them
     (batch_finish.py: a big batch no longer holds every other request for seconds); one run
     per batch: a repeat arriving meanwhile awaits it and answers its counts, its durability
@@ -164,7 +164,7 @@ class EndBatchHandler:
         if self._gate.enabled:
             self._check_halves(connection, request, header)
         try:
-            result = await self._batches.end_batch_async(
+            result = await self._batches.end_batch(
                 header.sink_id,
                 header.batch_id,
                 outcome,

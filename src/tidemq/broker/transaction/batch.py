@@ -216,7 +216,7 @@ class SinkBatchResolver:
         if found:
             log.info("sink %s: %d batch records read back from disk", sink_id, len(found))
 
-    def end_batch(
+    async def end_batch(
         self,
         sink_id: str,
         batch_id: int,
@@ -229,32 +229,13 @@ class SinkBatchResolver:
         replace: bool = False,
     ) -> BatchEndResult:
         """Record the decision (unless it repeats one), then, for PUBLISH and ROLLBACK, resolve
-        the batch's pending halves, all in this call (tests; the handler awaits
-        `end_batch_async`). `final` (ROLLBACK only) closes the batch for good; `replace`
-        (DECIDE only) swaps an unpublished decision with other txns.
+        the batch's pending halves: in chunks that let the loop run between them, one run per
+        batch at a time (batch_finish.py). The record is stored, and what it decides read, in
+        the calling turn, before any await. `final` (ROLLBACK only) closes the batch for good;
+        `replace` (DECIDE only) swaps an unpublished decision with other txns.
 
         Raises BatchRefused when the decision contradicts the records.
         """
-        recorded = self._record(sink_id, batch_id, outcome, txns, final, phase, holders, replace)
-        if recorded.failure is not None:
-            return recorded
-        return self._merge(recorded, self._finish(sink_id, batch_id))
-
-    async def end_batch_async(
-        self,
-        sink_id: str,
-        batch_id: int,
-        outcome: BatchOutcome,
-        txns: frozenset[str],
-        *,
-        final: bool = False,
-        phase: BatchPhase = BatchPhase.PUBLISH,
-        holders: Holders = (),
-        replace: bool = False,
-    ) -> BatchEndResult:
-        """`end_batch`, resolving the halves in chunks that let the loop run between them, one
-        run per batch at a time (batch_finish.py): the record is stored, and what it decides
-        read, in the calling turn, before any await."""
         recorded = self._record(sink_id, batch_id, outcome, txns, final, phase, holders, replace)
         if recorded.failure is not None:
             return recorded

@@ -10,8 +10,9 @@ server's route queries timing out after 3 s). Now:
   instead of a store call and an op message per half;
 - the half records come from the resolver's memory of recent prepares when it still has them
   (`answer_at`), else from the store;
-- the END_BATCH handler awaits `finish_async`, which lets the loop run between chunks
-  (FINISH_TURN_BUDGET_S of work per turn at most), so no request waits behind a whole batch.
+- the END_BATCH handler awaits `finish_shared`, whose run (`finish_async`) lets the loop run
+  between chunks (FINISH_TURN_BUDGET_S of work per turn at most), so no request waits behind a
+  whole batch.
 
 What decides each half is read once, when the END_BATCH stored (or found) its record
 (`BatchDecision`), not per chunk: between turns the batch's state may leave the index's LRU, and
